@@ -1,0 +1,506 @@
+#!/usr/bin/env python3
+"""Generate TINY random Qwen2-VL / Qwen2.5-VL checkpoints in the exact Hugging Face hub layout.
+
+Output (deterministic, fixed seeds):
+    tests/fixtures/tiny-qwen2-vl/
+    tests/fixtures/tiny-qwen2_5-vl/
+
+Each directory holds config.json (hub style: text fields at top level + vision_config),
+two safetensors shards + model.safetensors.index.json (hub tensor names: model.embed_tokens.weight,
+model.layers.N..., model.norm.weight, visual..., lm_head.weight), tokenizer.json (a byte-level BPE of
+our own, trained here with the Qwen2 pipeline), vocab.json, merges.txt, tokenizer_config.json,
+chat_template.json, preprocessor_config.json, video_preprocessor_config.json, generation_config.json.
+
+Weights are float32 and deliberately larger than the default init so that greedy decoding has clear
+top-1/top-2 margins (checked by make_goldens.py).
+
+Usage:  /root/golden-venv/bin/python scripts/make_tiny_checkpoints.py
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FIX = REPO / "tests" / "fixtures"
+
+# ----------------------------------------------------------------------------------------------
+# Chat templates (verbatim from the hub repos' chat_template.json; Qwen2.5-VL-*-Instruct ships the
+# same VL template as Qwen2-VL-*-Instruct for its processor).
+# ----------------------------------------------------------------------------------------------
+QWEN2_VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture "
+    "{{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video "
+    "{{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+QWEN2_5_VL_CHAT_TEMPLATE = QWEN2_VL_CHAT_TEMPLATE
+
+# The Qwen2 pre-tokenizer split regex.
+QWEN2_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+BPE_VOCAB = 448  # 256 byte symbols + 192 merges; specials follow at 448..461
+MODEL_VOCAB = 512  # embedding rows (padded beyond the tokenizer, like real Qwen)
+
+CORPUS = [
+    "Hello! How are you doing today?",
+    "I'm fine, thank you. And you?",
+    "What is in this picture?",
+    "The picture shows a red circle on a blue background.",
+    "Can you describe the video in a few words?",
+    "A small square moves from the left to the right.",
+    "You are a helpful assistant.",
+    "Please tell me what you see in the image.",
+    "There are two images: the first one has stripes, the second one has a gradient.",
+    "It's a sunny day, and the children are playing in the park.",
+    "Don't worry, we'll figure it out together.",
+    "They've been waiting for the train since 9 o'clock.",
+    "How many apples are on the table? I count 3 red ones and 12 green ones.",
+    "The meeting starts at 10:30 and ends at 11:45.",
+    "Could you summarize the story in one sentence?",
+    "Once upon a time, a curious cat explored the old library.",
+    "What colour is the sky at sunset?",
+    "Usually it turns orange, pink and purple.",
+    "Write a short poem about the sea.",
+    "Waves roll in, waves roll out; the gulls all sing and shout.",
+    "Why did you say that?",
+    "Because I thought it would help you decide.",
+    "Is this a cat or a dog?",
+    "It looks like a dog with long brown ears.",
+    "Thanks a lot! That's really useful.",
+    "You're welcome. Let me know if you need anything else.",
+    "Where is the nearest station?\nTurn left, then walk for 200 meters.",
+    "The quick brown fox jumps over the lazy dog.",
+    "She said: \"I'll be there in 5 minutes.\"",
+    "Numbers like 2024, 3.14 and 100% appear in text too.",
+    "Describe the scene: a house, a tree, and a river.",
+    "Count the objects in the image, please.",
+    "I see four circles, two squares and one triangle.",
+    "What happens next in the video?",
+    "The ball bounces twice and then rolls away.",
+    "Can you read the text on the sign?",
+    "The sign says: Welcome to the city of light!",
+    "Translate 'good morning' into French.",
+    "Bonjour! That means good morning.",
+    "Let's play a game. I'm thinking of an animal.",
+    "Is it big or small? Does it live in the water?",
+    "It's small, it has wings, and it sings in the morning.",
+    "Okay... is it a bird?",
+    "Yes! Well done.",
+    "    indented line\twith a tab\n\nand blank lines\n",
+]
+
+
+def tokenizer_json_and_vocab():
+    """Train the byte-level BPE and return (tokenizer_json_str, vocab dict, merges list)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB,
+        min_frequency=1,
+        show_progress=False,
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    # Repeat the corpus a few times (stable counts, does not change the merge order).
+    tok.train_from_iterator(CORPUS * 3, trainer=trainer)
+    n = tok.get_vocab_size()
+    assert n == BPE_VOCAB, f"BPE vocab is {n}, expected {BPE_VOCAB} (enlarge the corpus)"
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    for i, t in enumerate(SPECIAL_TOKENS):
+        assert tok.token_to_id(t) == BPE_VOCAB + i, t
+
+    data = json.loads(tok.to_str())
+    # Match the real Qwen2 tokenizer.json model section.
+    data["model"]["dropout"] = None
+    data["model"]["unk_token"] = None
+    data["model"]["continuing_subword_prefix"] = ""
+    data["model"]["end_of_word_suffix"] = ""
+    data["model"]["fuse_unk"] = False
+    data["model"]["byte_fallback"] = False
+    data["model"]["ignore_merges"] = False
+    vocab = data["model"]["vocab"]
+    merges = data["model"]["merges"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
+    return json.dumps(data, ensure_ascii=False, indent=2), vocab, merges
+
+
+def special_ids():
+    return {t: BPE_VOCAB + i for i, t in enumerate(SPECIAL_TOKENS)}
+
+
+def tokenizer_config(chat_template: str) -> dict:
+    ids = special_ids()
+    return {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": {
+            str(ids[t]): {
+                "content": t,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": True,
+            }
+            for t in SPECIAL_TOKENS
+        },
+        "additional_special_tokens": SPECIAL_TOKENS[1:],
+        "bos_token": None,
+        "chat_template": chat_template,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 32768,
+        "pad_token": "<|endoftext|>",
+        "padding_side": "left",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Configs
+# ----------------------------------------------------------------------------------------------
+def text_fields(family: str) -> dict:
+    ids = special_ids()
+    return {
+        "attention_dropout": 0.0,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "vision_token_id": ids["<|vision_pad|>"],
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "hidden_act": "silu",
+        "hidden_size": 64,
+        "initializer_range": 0.02,
+        "intermediate_size": 128,
+        "max_position_embeddings": 2048,
+        "max_window_layers": 2,
+        "model_type": family,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": 2048,
+        "tie_word_embeddings": family == "qwen2_vl",
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "vocab_size": MODEL_VOCAB,
+    }
+
+
+def config_json(family: str, transformers_version: str) -> dict:
+    cfg = {}
+    if family == "qwen2_vl":
+        cfg["architectures"] = ["Qwen2VLForConditionalGeneration"]
+        vision = {
+            "depth": 2,
+            "embed_dim": 32,
+            "mlp_ratio": 2,
+            "num_heads": 4,
+            "in_chans": 3,
+            "hidden_size": 64,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "spatial_patch_size": 14,
+            "temporal_patch_size": 2,
+        }
+    else:
+        cfg["architectures"] = ["Qwen2_5_VLForConditionalGeneration"]
+        vision = {
+            "depth": 4,
+            "hidden_act": "silu",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 4,
+            "in_chans": 3,
+            "out_hidden_size": 64,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "spatial_patch_size": 14,
+            "window_size": 56,
+            "fullatt_block_indexes": [1, 3],
+            "tokens_per_second": 2,
+            "temporal_patch_size": 2,
+        }
+    cfg.update(text_fields(family))
+    cfg["transformers_version"] = transformers_version
+    cfg["vision_config"] = vision
+    # hub files list keys roughly alphabetically with vision_config/rope_scaling/vocab_size last
+    order = sorted(k for k in cfg if k not in ("vision_config", "rope_scaling", "vocab_size"))
+    return {**{k: cfg[k] for k in order}, "vision_config": cfg["vision_config"],
+            "rope_scaling": cfg["rope_scaling"], "vocab_size": cfg["vocab_size"]}
+
+
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+MIN_PIXELS = 56 * 56  # 3136
+MAX_PIXELS = 28 * 28 * 64  # 50176
+
+
+def preprocessor_config(family: str) -> dict:
+    return {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": CLIP_MEAN,
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "image_std": CLIP_STD,
+        "max_pixels": MAX_PIXELS,
+        "merge_size": 2,
+        "min_pixels": MIN_PIXELS,
+        "patch_size": 14,
+        "processor_class": "Qwen2VLProcessor" if family == "qwen2_vl" else "Qwen2_5_VLProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"longest_edge": MAX_PIXELS, "shortest_edge": MIN_PIXELS},
+        "temporal_patch_size": 2,
+    }
+
+
+def video_preprocessor_config(family: str) -> dict:
+    return {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "do_sample_frames": False,
+        "image_mean": CLIP_MEAN,
+        "image_std": CLIP_STD,
+        "max_pixels": MAX_PIXELS,
+        "merge_size": 2,
+        "min_pixels": MIN_PIXELS,
+        "patch_size": 14,
+        "processor_class": "Qwen2VLProcessor" if family == "qwen2_vl" else "Qwen2_5_VLProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"longest_edge": MAX_PIXELS, "shortest_edge": MIN_PIXELS},
+        "temporal_patch_size": 2,
+        "video_processor_type": "Qwen2VLVideoProcessor",
+    }
+
+
+def generation_config(family: str, transformers_version: str) -> dict:
+    ids = special_ids()
+    g = {
+        "bos_token_id": ids["<|endoftext|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+        "do_sample": True,
+        "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+        "repetition_penalty": 1.0 if family == "qwen2_vl" else 1.05,
+        "temperature": 0.01 if family == "qwen2_vl" else 1e-06,
+        "top_p": 0.001,
+        "top_k": 1,
+        "transformers_version": transformers_version,
+    }
+    return g
+
+
+# ----------------------------------------------------------------------------------------------
+# Weights
+# ----------------------------------------------------------------------------------------------
+WEIGHT_STD = 0.2
+PATCH_EMBED_STD = 0.05
+BIAS_STD = 0.05
+NORM_STD = 0.1
+SEEDS = {"qwen2_vl": 1234, "qwen2_5_vl": 4321}
+
+
+def to_hub_name(name: str) -> str:
+    """transformers>=4.52 module names -> hub checkpoint names."""
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model."):]
+    if name.startswith("model.visual."):
+        return "visual." + name[len("model.visual."):]
+    return name
+
+
+def init_weights(model, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            leaf = name.rsplit(".", 1)[0]
+            is_norm = any(s in leaf for s in ("norm", "ln_q"))
+            if name.endswith(".bias"):
+                std = BIAS_STD
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+            elif is_norm:
+                p.copy_(1.0 + torch.randn(p.shape, generator=g) * NORM_STD)
+            elif "patch_embed" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * PATCH_EMBED_STD)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * WEIGHT_STD)
+
+
+def build_model(family: str, cfg: dict):
+    import torch
+    import transformers
+
+    if family == "qwen2_vl":
+        config = transformers.Qwen2VLConfig(**cfg)
+        cls = transformers.Qwen2VLForConditionalGeneration
+    else:
+        config = transformers.Qwen2_5_VLConfig(**cfg)
+        cls = transformers.Qwen2_5_VLForConditionalGeneration
+    torch.manual_seed(0)
+    model = cls(config).to(torch.float32).eval()
+    init_weights(model, SEEDS[family])
+    if cfg["tie_word_embeddings"]:
+        model.tie_weights()
+        assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    return model
+
+
+def hub_state_dict(model, tied: bool) -> dict:
+    sd = {}
+    for k, v in model.state_dict().items():
+        hk = to_hub_name(k)
+        if tied and hk == "lm_head.weight":
+            continue  # tied checkpoints (e.g. Qwen2-VL-2B) do not store lm_head
+        sd[hk] = v.detach().to("cpu").contiguous().clone()
+    return sd
+
+
+def write_shards(out: Path, sd: dict):
+    from safetensors.torch import save_file
+
+    names = sorted(sd)
+    total = sum(sd[n].numel() * sd[n].element_size() for n in names)
+    shard1, acc = [], 0
+    for n in names:
+        if acc >= total / 2:
+            break
+        shard1.append(n)
+        acc += sd[n].numel() * sd[n].element_size()
+    shard2 = [n for n in names if n not in set(shard1)]
+    files = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    weight_map = {}
+    for fname, part in zip(files, (shard1, shard2)):
+        save_file({n: sd[n] for n in part}, str(out / fname), metadata={"format": "pt"})
+        for n in part:
+            weight_map[n] = fname
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def write_json(path: Path, obj):
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def make(family: str):
+    import transformers
+
+    tv = transformers.__version__
+    out = FIX / ("tiny-qwen2-vl" if family == "qwen2_vl" else "tiny-qwen2_5-vl")
+    out.mkdir(parents=True, exist_ok=True)
+    for f in out.iterdir():
+        f.unlink()
+
+    tok_json, vocab, merges = tokenizer_json_and_vocab()
+    (out / "tokenizer.json").write_text(tok_json + "\n", encoding="utf-8")
+    write_json(out / "vocab.json", vocab)
+    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    template = QWEN2_VL_CHAT_TEMPLATE if family == "qwen2_vl" else QWEN2_5_VL_CHAT_TEMPLATE
+    write_json(out / "tokenizer_config.json", tokenizer_config(template))
+    write_json(out / "chat_template.json", {"chat_template": template})
+    write_json(out / "preprocessor_config.json", preprocessor_config(family))
+    write_json(out / "video_preprocessor_config.json", video_preprocessor_config(family))
+    write_json(out / "generation_config.json", generation_config(family, tv))
+
+    cfg = config_json(family, tv)
+    write_json(out / "config.json", cfg)
+
+    model = build_model(family, cfg)
+    sd = hub_state_dict(model, cfg["tie_word_embeddings"])
+    write_shards(out, sd)
+    print(f"{family}: {len(sd)} tensors, {sum(v.numel() for v in sd.values())} params -> {out}")
+    verify(out, family, model)
+
+
+def verify(out: Path, family: str, ref_model):
+    """Reload with transformers from the hub-layout files and check exact weight equality."""
+    import torch
+    import transformers
+
+    cls = (transformers.Qwen2VLForConditionalGeneration if family == "qwen2_vl"
+           else transformers.Qwen2_5_VLForConditionalGeneration)
+    m = cls.from_pretrained(str(out), dtype=torch.float32).eval()
+    c = m.config
+    assert c.text_config.hidden_size == 64 and c.text_config.num_hidden_layers == 2, c
+    assert c.text_config.vocab_size == MODEL_VOCAB
+    ref = ref_model.state_dict()
+    got = m.state_dict()
+    assert set(ref) == set(got), set(ref) ^ set(got)
+    for k in ref:
+        assert torch.equal(ref[k], got[k]), k
+    proc = transformers.AutoProcessor.from_pretrained(str(out), use_fast=False)
+    ids = proc.tokenizer("Hello! <|im_start|>user\nHi<|im_end|>")["input_ids"]
+    assert special_ids()["<|im_start|>"] in ids and special_ids()["<|im_end|>"] in ids, ids
+    assert proc.image_processor.min_pixels == MIN_PIXELS and proc.image_processor.max_pixels == MAX_PIXELS
+    vp = proc.video_processor
+    assert vp.size["shortest_edge"] == MIN_PIXELS and vp.size["longest_edge"] == MAX_PIXELS, vp.size
+    print(f"{family}: reload OK ({type(proc).__name__}, {type(proc.tokenizer).__name__}, "
+          f"{type(proc.image_processor).__name__}, {type(vp).__name__})")
+
+
+def main():
+    fams = sys.argv[1:] or ["qwen2_vl", "qwen2_5_vl"]
+    for f in fams:
+        make(f)
+
+
+if __name__ == "__main__":
+    main()
