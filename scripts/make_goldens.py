@@ -258,6 +258,11 @@ def run_case(family, case, proc, model):
         assert int(top.indices[0]) == int(greedy[step]), (step, top, greedy[step])
         margins.append(float(top.values[0] - top.values[1]))
     min_margin = min(margins)
+    # vision placeholder tokens on the greedy path would make the no-cache replay (and engines that
+    # recompute mrope positions) diverge; reject such seeds in make_tiny_checkpoints.py.
+    sp = mtc.special_ids()
+    vision_ids = {sp[t] for t in ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")}
+    assert not vision_ids & set(greedy.tolist()), f"greedy path contains vision special tokens: {greedy.tolist()}"
     # first step of generate must agree with the full forward
     assert int(logits[0, -1].argmax()) == int(greedy[0])
     # cross-check: full no-cache forward on prompt+greedy reproduces the greedy ids

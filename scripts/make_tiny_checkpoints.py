@@ -350,11 +350,14 @@ def generation_config(family: str, transformers_version: str) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Weights
 # ----------------------------------------------------------------------------------------------
-WEIGHT_STD = 0.2
+WEIGHT_STD = float(os.environ.get("TINY_WEIGHT_STD", 0.3))
 PATCH_EMBED_STD = 0.05
 BIAS_STD = 0.05
 NORM_STD = 0.1
-SEEDS = {"qwen2_vl": 1234, "qwen2_5_vl": 4321}
+SEEDS = {
+    "qwen2_vl": int(os.environ.get("TINY_SEED_QWEN2_VL", 1234)),
+    "qwen2_5_vl": int(os.environ.get("TINY_SEED_QWEN2_5_VL", 3)),
+}
 
 
 def to_hub_name(name: str) -> str:
