@@ -1,1 +1,340 @@
-//! TODO
+//! `config.json` of a Qwen2-VL / Qwen2.5-VL checkpoint, read the way transformers reads it.
+//!
+//! Hub configs keep the text fields at the top level; configs written by newer transformers
+//! may also nest them under `text_config`. Both are accepted (nested wins, as in transformers).
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The two vision-language families merg runs. They share the text decoder; the vision
+/// towers differ (see `models::vision`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Family {
+    #[serde(rename = "qwen2_vl")]
+    Qwen2Vl,
+    #[serde(rename = "qwen2_5_vl")]
+    Qwen25Vl,
+}
+
+impl Family {
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Qwen2Vl => "qwen2_vl",
+            Family::Qwen25Vl => "qwen2_5_vl",
+        }
+    }
+}
+
+/// Activations named in HF configs that these families use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Act {
+    #[serde(rename = "silu", alias = "swish")]
+    Silu,
+    #[serde(rename = "quick_gelu")]
+    QuickGelu,
+    #[serde(rename = "gelu")]
+    Gelu,
+    #[serde(rename = "gelu_pytorch_tanh", alias = "gelu_new")]
+    GeluTanh,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TextConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    #[serde(default = "default_rms_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f64,
+    #[serde(default = "default_max_pos")]
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default = "default_silu")]
+    pub hidden_act: Act,
+    /// Split of the rotary half-dimension into (temporal, height, width) sections.
+    pub mrope_section: Vec<usize>,
+}
+
+impl TextConfig {
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_attention_heads
+    }
+}
+
+/// One struct for both vision towers; fields a family does not use keep their defaults.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VisionConfig {
+    pub depth: usize,
+    /// Width of the vision transformer blocks (Qwen2-VL `embed_dim`, Qwen2.5-VL `hidden_size`).
+    pub width: usize,
+    pub num_heads: usize,
+    /// MLP width inside a block (Qwen2-VL `embed_dim * mlp_ratio`, Qwen2.5-VL `intermediate_size`).
+    pub mlp_width: usize,
+    /// Output width of the patch merger = the text model's hidden size.
+    pub out_hidden_size: usize,
+    pub patch_size: usize,
+    pub spatial_merge_size: usize,
+    pub temporal_patch_size: usize,
+    pub in_channels: usize,
+    pub hidden_act: Act,
+    /// Qwen2.5-VL window attention: window side in pixels, and blocks that attend globally.
+    pub window_size: usize,
+    pub fullatt_block_indexes: Vec<usize>,
+    /// Qwen2.5-VL: temporal position units per second of video.
+    pub tokens_per_second: f64,
+}
+
+impl VisionConfig {
+    pub fn head_dim(&self) -> usize {
+        self.width / self.num_heads
+    }
+    /// Values in one flattened patch: channels × temporal patch × patch × patch.
+    pub fn patch_dim(&self) -> usize {
+        self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ModelConfig {
+    pub family: Family,
+    pub text: TextConfig,
+    pub vision: VisionConfig,
+    pub image_token_id: u32,
+    pub video_token_id: u32,
+    pub vision_start_token_id: u32,
+    pub vision_end_token_id: u32,
+    pub eos_token_ids: Vec<u32>,
+    /// dtype the checkpoint was saved in (`torch_dtype`), e.g. "bfloat16".
+    pub torch_dtype: Option<String>,
+}
+
+fn default_rms_eps() -> f64 {
+    1e-6
+}
+fn default_rope_theta() -> f64 {
+    1_000_000.0
+}
+fn default_max_pos() -> usize {
+    32768
+}
+fn default_silu() -> Act {
+    Act::Silu
+}
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read model config {}", path.display()))?;
+        Self::from_json_str(&text).with_context(|| format!("invalid model config {}", path.display()))
+    }
+
+    pub fn from_json_str(text: &str) -> Result<Self> {
+        let root: Value = serde_json::from_str(text).context("not valid JSON")?;
+        Self::from_value(&root)
+    }
+
+    pub fn from_value(root: &Value) -> Result<Self> {
+        let model_type = root
+            .get("model_type")
+            .and_then(Value::as_str)
+            .context("missing \"model_type\"")?;
+        let family = match model_type {
+            "qwen2_vl" => Family::Qwen2Vl,
+            "qwen2_5_vl" => Family::Qwen25Vl,
+            other => bail!(
+                "unknown model_type {other:?}: merg runs \"qwen2_vl\" (Qwen2-VL) and \"qwen2_5_vl\" (Qwen2.5-VL)"
+            ),
+        };
+        // Text fields: top level, overridden by a nested text_config when present.
+        let mut text_obj = root.as_object().context("config is not a JSON object")?.clone();
+        if let Some(Value::Object(nested)) = root.get("text_config") {
+            for (k, v) in nested {
+                text_obj.insert(k.clone(), v.clone());
+            }
+        }
+        let mrope = text_obj
+            .get("rope_scaling")
+            .and_then(|r| r.get("mrope_section"))
+            .cloned()
+            .context("missing rope_scaling.mrope_section (M-RoPE sections)")?;
+        text_obj.insert("mrope_section".into(), mrope);
+        if !text_obj.contains_key("num_key_value_heads") {
+            if let Some(h) = text_obj.get("num_attention_heads").cloned() {
+                text_obj.insert("num_key_value_heads".into(), h);
+            }
+        }
+        let text: TextConfig =
+            serde_json::from_value(Value::Object(text_obj.clone())).context("text model fields")?;
+        let vision_val = root.get("vision_config").context("missing \"vision_config\"")?;
+        let vision = parse_vision(family, vision_val, text.hidden_size).context("vision_config")?;
+
+        let id = |key: &str| -> Result<u32> {
+            text_obj
+                .get(key)
+                .and_then(Value::as_u64)
+                .map(|v| v as u32)
+                .with_context(|| format!("missing token id \"{key}\""))
+        };
+        let eos_token_ids = match text_obj.get("eos_token_id") {
+            Some(Value::Number(n)) => vec![n.as_u64().unwrap_or(0) as u32],
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect(),
+            _ => vec![],
+        };
+        let cfg = ModelConfig {
+            family,
+            image_token_id: id("image_token_id")?,
+            video_token_id: id("video_token_id")?,
+            vision_start_token_id: id("vision_start_token_id")?,
+            vision_end_token_id: id("vision_end_token_id")?,
+            eos_token_ids,
+            torch_dtype: text_obj.get("torch_dtype").and_then(Value::as_str).map(str::to_string),
+            text,
+            vision,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Catch configs that would only fail deep inside a forward pass.
+    pub fn validate(&self) -> Result<()> {
+        let t = &self.text;
+        if t.num_attention_heads == 0 || t.hidden_size % t.num_attention_heads != 0 {
+            bail!("hidden_size {} is not divisible by num_attention_heads {}", t.hidden_size, t.num_attention_heads);
+        }
+        if t.num_key_value_heads == 0 || t.num_attention_heads % t.num_key_value_heads != 0 {
+            bail!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                t.num_attention_heads,
+                t.num_key_value_heads
+            );
+        }
+        let half = t.head_dim() / 2;
+        if t.mrope_section.len() != 3 || t.mrope_section.iter().sum::<usize>() != half {
+            bail!(
+                "rope_scaling.mrope_section {:?} must have 3 parts summing to head_dim/2 = {half}",
+                t.mrope_section
+            );
+        }
+        let v = &self.vision;
+        if v.num_heads == 0 || v.width % v.num_heads != 0 || v.head_dim() % 4 != 0 {
+            bail!("vision width {} / num_heads {} must give a head_dim divisible by 4", v.width, v.num_heads);
+        }
+        if v.out_hidden_size != t.hidden_size {
+            bail!(
+                "vision merger output {} differs from the text hidden_size {}",
+                v.out_hidden_size,
+                t.hidden_size
+            );
+        }
+        Ok(())
+    }
+}
+
+fn parse_vision(family: Family, v: &Value, text_hidden: usize) -> Result<VisionConfig> {
+    let get_usize = |key: &str| v.get(key).and_then(Value::as_u64).map(|x| x as usize);
+    let need = |key: &str| get_usize(key).with_context(|| format!("missing \"{key}\""));
+    let act = |default: Act| -> Result<Act> {
+        match v.get("hidden_act") {
+            Some(a) => serde_json::from_value(a.clone()).with_context(|| format!("unsupported hidden_act {a}")),
+            None => Ok(default),
+        }
+    };
+    let common_patch = get_usize("patch_size").unwrap_or(14);
+    let merge = get_usize("spatial_merge_size").unwrap_or(2);
+    let tps = get_usize("temporal_patch_size").unwrap_or(2);
+    let in_ch = get_usize("in_channels").or_else(|| get_usize("in_chans")).unwrap_or(3);
+    Ok(match family {
+        Family::Qwen2Vl => {
+            let width = need("embed_dim")?;
+            let ratio = v.get("mlp_ratio").and_then(Value::as_f64).unwrap_or(4.0);
+            VisionConfig {
+                depth: need("depth")?,
+                width,
+                num_heads: need("num_heads")?,
+                mlp_width: (width as f64 * ratio) as usize,
+                out_hidden_size: get_usize("hidden_size").unwrap_or(text_hidden),
+                patch_size: common_patch,
+                spatial_merge_size: merge,
+                temporal_patch_size: tps,
+                in_channels: in_ch,
+                hidden_act: act(Act::QuickGelu)?,
+                window_size: 0,
+                fullatt_block_indexes: vec![],
+                tokens_per_second: 0.0,
+            }
+        }
+        Family::Qwen25Vl => VisionConfig {
+            depth: need("depth")?,
+            width: need("hidden_size")?,
+            num_heads: need("num_heads")?,
+            mlp_width: need("intermediate_size")?,
+            out_hidden_size: get_usize("out_hidden_size").unwrap_or(text_hidden),
+            patch_size: common_patch,
+            spatial_merge_size: merge,
+            temporal_patch_size: tps,
+            in_channels: in_ch,
+            hidden_act: act(Act::Silu)?,
+            window_size: get_usize("window_size").unwrap_or(112),
+            fullatt_block_indexes: v
+                .get("fullatt_block_indexes")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).map(|x| x as usize).collect())
+                .unwrap_or_default(),
+            tokens_per_second: v.get("tokens_per_second").and_then(Value::as_f64).unwrap_or(2.0),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen2_vl_json() -> String {
+        r#"{"model_type":"qwen2_vl","hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+            "num_attention_heads":4,"num_key_value_heads":2,"vocab_size":512,"rope_theta":1000000.0,
+            "rope_scaling":{"type":"mrope","mrope_section":[2,3,3]},"image_token_id":500,"video_token_id":501,
+            "vision_start_token_id":497,"vision_end_token_id":498,"eos_token_id":490,
+            "vision_config":{"depth":2,"embed_dim":32,"num_heads":4,"mlp_ratio":2,"hidden_size":64}}"#
+            .to_string()
+    }
+
+    #[test]
+    fn parses_top_level_hub_layout() {
+        let c = ModelConfig::from_json_str(&qwen2_vl_json()).unwrap();
+        assert_eq!(c.family, Family::Qwen2Vl);
+        assert_eq!(c.text.head_dim(), 16);
+        assert_eq!(c.vision.mlp_width, 64);
+        assert_eq!(c.vision.hidden_act, Act::QuickGelu);
+        assert_eq!(c.eos_token_ids, vec![490]);
+    }
+
+    #[test]
+    fn nested_text_config_wins() {
+        let mut v: Value = serde_json::from_str(&qwen2_vl_json()).unwrap();
+        v["text_config"] = serde_json::json!({"num_hidden_layers": 3});
+        let c = ModelConfig::from_value(&v).unwrap();
+        assert_eq!(c.text.num_hidden_layers, 3);
+    }
+
+    #[test]
+    fn unknown_model_type_is_named() {
+        let j = qwen2_vl_json().replace("qwen2_vl", "llava");
+        let e = format!("{:#}", ModelConfig::from_json_str(&j).unwrap_err());
+        assert!(e.contains("\"llava\""), "{e}");
+    }
+
+    #[test]
+    fn bad_mrope_section_rejected() {
+        let j = qwen2_vl_json().replace("[2,3,3]", "[2,3,4]");
+        let e = format!("{:#}", ModelConfig::from_json_str(&j).unwrap_err());
+        assert!(e.contains("mrope_section"), "{e}");
+    }
+}

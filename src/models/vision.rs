@@ -1,0 +1,258 @@
+//! Vision towers of both families in one place: the family picks the norm (LayerNorm vs
+//! RMSNorm), the MLP (QuickGELU vs SwiGLU) and whether window attention is used (Qwen2.5-VL).
+//!
+//! Input: patches `[N, C*T*P*P]` in the processor's order (merge-block major) plus one
+//! `(t, h, w)` grid per image/video; output: merged tokens `[N / merge², out_hidden]`.
+
+use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_nn::{Linear, VarBuilder};
+
+use super::layers::{apply_rope, dense_attention, linear, Mlp, Norm};
+use crate::config::{Family, VisionConfig};
+
+struct Block {
+    norm1: Norm,
+    norm2: Norm,
+    qkv: Linear,
+    proj: Linear,
+    mlp: Mlp,
+}
+
+pub struct VisionTower {
+    patch_embed: Linear,
+    blocks: Vec<Block>,
+    merger_norm: Norm,
+    merger_fc1: Linear,
+    merger_fc2: Linear,
+    inv_freq: Vec<f32>,
+    cfg: VisionConfig,
+    family: Family,
+}
+
+impl VisionTower {
+    pub fn new(family: Family, cfg: &VisionConfig, vb: VarBuilder) -> Result<Self> {
+        let w = cfg.width;
+        // Conv3d with stride == kernel over pre-cut patches is a matmul with the flattened kernel.
+        let conv = vb.pp("patch_embed").pp("proj").get(
+            (w, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size),
+            "weight",
+        )?;
+        let patch_embed = Linear::new(conv.reshape((w, cfg.patch_dim()))?, None);
+        let norm = |vb: VarBuilder| match family {
+            Family::Qwen2Vl => Norm::layer(w, 1e-6, vb),
+            Family::Qwen25Vl => Norm::rms(w, 1e-6, vb),
+        };
+        let mut blocks = Vec::with_capacity(cfg.depth);
+        for i in 0..cfg.depth {
+            let bvb = vb.pp("blocks").pp(i);
+            let mlp = match family {
+                Family::Qwen2Vl => Mlp::plain(w, cfg.mlp_width, cfg.hidden_act, bvb.pp("mlp"))?,
+                Family::Qwen25Vl => Mlp::gated(w, cfg.mlp_width, true, cfg.hidden_act, bvb.pp("mlp"))?,
+            };
+            blocks.push(Block {
+                norm1: norm(bvb.pp("norm1"))?,
+                norm2: norm(bvb.pp("norm2"))?,
+                qkv: linear(w, 3 * w, true, bvb.pp("attn").pp("qkv"))?,
+                proj: linear(w, w, true, bvb.pp("attn").pp("proj"))?,
+                mlp,
+            });
+        }
+        let merged = w * cfg.spatial_merge_size * cfg.spatial_merge_size;
+        let mvb = vb.pp("merger");
+        // Rotary over (row, col): each gets a quarter of the head dim, theta 10000.
+        let rot_dim = cfg.head_dim() / 2;
+        let inv_freq = (0..rot_dim / 2)
+            .map(|i| (1.0 / 10000f64.powf((2 * i) as f64 / rot_dim as f64)) as f32)
+            .collect();
+        Ok(VisionTower {
+            patch_embed,
+            blocks,
+            merger_norm: norm(mvb.pp("ln_q"))?,
+            merger_fc1: linear(merged, merged, true, mvb.pp("mlp").pp("0"))?,
+            merger_fc2: linear(merged, cfg.out_hidden_size, true, mvb.pp("mlp").pp("2"))?,
+            inv_freq,
+            cfg: cfg.clone(),
+            family,
+        })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.patch_embed.weight().dtype()
+    }
+
+    /// Encodes all images (or all videos) of a request at once.
+    pub fn forward(&self, pixels: &Tensor, grids: &[[usize; 3]]) -> Result<Tensor> {
+        let dev = pixels.device().clone();
+        let n = pixels.dim(0)?;
+        let expected: usize = grids.iter().map(|g| g[0] * g[1] * g[2]).sum();
+        if n != expected {
+            candle_core::bail!("vision input has {n} patches but the grids describe {expected}");
+        }
+        let unit = self.cfg.spatial_merge_size * self.cfg.spatial_merge_size;
+        let mut x = self.patch_embed.forward(&pixels.to_dtype(self.dtype())?)?;
+        let (mut cos, mut sin) = self.rotary(grids, &dev)?;
+        let frames = frame_bounds(grids);
+        let mut order: Option<Vec<u32>> = None;
+        let windows = if self.family == Family::Qwen25Vl {
+            let (index, bounds) = window_index(grids, &self.cfg);
+            // Reorder merge units so that every window is a contiguous run of tokens.
+            x = permute_units(&x, &index, unit)?;
+            cos = permute_units(&cos, &index, unit)?;
+            sin = permute_units(&sin, &index, unit)?;
+            order = Some(index);
+            bounds
+        } else {
+            frames.clone()
+        };
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let full = self.family == Family::Qwen2Vl || self.cfg.fullatt_block_indexes.contains(&i);
+            let segs = if full { &frames } else { &windows };
+            x = self.block(blk, &x, &cos, &sin, segs)?;
+        }
+        let merged_dim = self.cfg.width * unit;
+        let y = self.merger_norm.forward(&x)?.reshape((n / unit, merged_dim))?;
+        let y = self.merger_fc2.forward(&self.merger_fc1.forward(&y)?.gelu_erf()?)?;
+        match order {
+            Some(index) => {
+                let mut inverse = vec![0u32; index.len()];
+                for (pos, &src) in index.iter().enumerate() {
+                    inverse[src as usize] = pos as u32;
+                }
+                y.index_select(&Tensor::new(inverse, &dev)?, 0)
+            }
+            None => Ok(y),
+        }
+    }
+
+    fn block(&self, b: &Block, x: &Tensor, cos: &Tensor, sin: &Tensor, segs: &[(usize, usize)]) -> Result<Tensor> {
+        let n = x.dim(0)?;
+        let heads = self.cfg.num_heads;
+        let d = self.cfg.head_dim();
+        let h = b.norm1.forward(x)?;
+        let qkv = b.qkv.forward(&h)?.reshape((n, 3, heads, d))?;
+        let q = apply_rope(&qkv.narrow(1, 0, 1)?.squeeze(1)?, cos, sin)?;
+        let k = apply_rope(&qkv.narrow(1, 1, 1)?.squeeze(1)?, cos, sin)?;
+        let v = qkv.narrow(1, 2, 1)?.squeeze(1)?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let mut outs = Vec::with_capacity(segs.len());
+        for &(start, len) in segs {
+            outs.push(dense_attention(&q.narrow(0, start, len)?, &k.narrow(0, start, len)?, &v.narrow(0, start, len)?, scale)?);
+        }
+        let att = b.proj.forward(&Tensor::cat(&outs, 0)?)?;
+        let x = (x + att)?;
+        let m = b.mlp.forward(&b.norm2.forward(&x)?)?;
+        x + m
+    }
+
+    /// cos/sin `[N, head_dim/2]`: row frequencies then column frequencies of each patch, in
+    /// the processor's merge-block order.
+    fn rotary(&self, grids: &[[usize; 3]], dev: &Device) -> Result<(Tensor, Tensor)> {
+        let m = self.cfg.spatial_merge_size;
+        let q = self.inv_freq.len();
+        let mut cos = Vec::new();
+        let mut sin = Vec::new();
+        for &[t, h, w] in grids {
+            for _ in 0..t {
+                for bh in 0..h / m {
+                    for bw in 0..w / m {
+                        for ih in 0..m {
+                            for iw in 0..m {
+                                let (row, col) = ((bh * m + ih) as f32, (bw * m + iw) as f32);
+                                for pos in [row, col] {
+                                    for f in 0..q {
+                                        let a = pos * self.inv_freq[f];
+                                        cos.push(a.cos());
+                                        sin.push(a.sin());
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let n = cos.len() / (2 * q);
+        Ok((Tensor::from_vec(cos, (n, 2 * q), dev)?, Tensor::from_vec(sin, (n, 2 * q), dev)?))
+    }
+}
+
+/// (start, len) of every frame: full attention never crosses a temporal step.
+fn frame_bounds(grids: &[[usize; 3]]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for &[t, h, w] in grids {
+        for _ in 0..t {
+            out.push((start, h * w));
+            start += h * w;
+        }
+    }
+    out
+}
+
+/// Qwen2.5-VL windows: merge units are regrouped into square windows of
+/// `window_size / merge / patch` units per side (edge windows are smaller). Returns the unit
+/// permutation and the (start, len) of each non-empty window in patch tokens.
+pub fn window_index(grids: &[[usize; 3]], cfg: &VisionConfig) -> (Vec<u32>, Vec<(usize, usize)>) {
+    let m = cfg.spatial_merge_size;
+    let win = (cfg.window_size / m / cfg.patch_size).max(1);
+    let unit = m * m;
+    let mut index = Vec::new();
+    let mut bounds = Vec::new();
+    let mut base = 0usize;
+    let mut start = 0usize;
+    for &[t, h, w] in grids {
+        let (lh, lw) = (h / m, w / m);
+        for ti in 0..t {
+            for wy in 0..lh.div_ceil(win) {
+                for wx in 0..lw.div_ceil(win) {
+                    let mut count = 0;
+                    for y in wy * win..((wy + 1) * win).min(lh) {
+                        for x in wx * win..((wx + 1) * win).min(lw) {
+                            index.push((base + ti * lh * lw + y * lw + x) as u32);
+                            count += 1;
+                        }
+                    }
+                    bounds.push((start, count * unit));
+                    start += count * unit;
+                }
+            }
+        }
+        base += t * lh * lw;
+    }
+    (index, bounds)
+}
+
+/// Reorders rows in groups of `unit` (one merge unit = `unit` consecutive patch rows).
+fn permute_units(x: &Tensor, index: &[u32], unit: usize) -> Result<Tensor> {
+    let (n, d) = x.dims2()?;
+    let idx = Tensor::new(index, x.device())?;
+    x.reshape((n / unit, unit * d))?.index_select(&idx, 0)?.reshape((n, d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Act;
+
+    fn cfg() -> VisionConfig {
+        VisionConfig {
+            depth: 1, width: 16, num_heads: 2, mlp_width: 32, out_hidden_size: 8, patch_size: 14,
+            spatial_merge_size: 2, temporal_patch_size: 2, in_channels: 3, hidden_act: Act::Silu,
+            window_size: 56, fullatt_block_indexes: vec![], tokens_per_second: 2.0,
+        }
+    }
+
+    #[test]
+    fn windows_cover_every_unit_once() {
+        // 5x3 merge units with 2x2 windows: 3 rows of windows x 2 cols, edge windows smaller.
+        let (index, bounds) = window_index(&[[2, 10, 6]], &cfg());
+        let mut seen = index.clone();
+        seen.sort();
+        assert_eq!(seen, (0..30).collect::<Vec<u32>>());
+        assert_eq!(bounds.len(), 12);
+        assert_eq!(bounds[0], (0, 16));
+        assert_eq!(bounds.iter().map(|b| b.1).sum::<usize>(), 120);
+        // First window of the first frame: units (0,0),(0,1),(1,0),(1,1) of a 3-wide grid.
+        assert_eq!(&index[..4], &[0, 1, 3, 4]);
+    }
+}

@@ -1,0 +1,45 @@
+//! Helpers shared by the integration tests: fixture paths and golden loading.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// Checkpoint directory of a tiny fixture model: "qwen2_vl" or "qwen2_5_vl".
+pub fn tiny_dir(family: &str) -> PathBuf {
+    fixtures().join(match family {
+        "qwen2_vl" => "tiny-qwen2-vl",
+        "qwen2_5_vl" => "tiny-qwen2_5-vl",
+        other => panic!("unknown family {other}"),
+    })
+}
+
+pub fn golden(family: &str, case: &str) -> (HashMap<String, Tensor>, serde_json::Value) {
+    let base = fixtures().join("goldens").join(family);
+    let tensors = candle_core::safetensors::load(base.join(format!("{case}.safetensors")), &Device::Cpu).unwrap();
+    let meta = serde_json::from_str(&std::fs::read_to_string(base.join(format!("{case}.json"))).unwrap()).unwrap();
+    (tensors, meta)
+}
+
+pub fn ids_i64(t: &Tensor) -> Vec<i64> {
+    t.flatten_all().unwrap().to_vec1::<i64>().unwrap()
+}
+
+pub fn grids(t: Option<&Tensor>) -> Vec<[usize; 3]> {
+    match t {
+        None => vec![],
+        Some(t) => t.to_vec2::<i64>().unwrap().iter().map(|r| [r[0] as usize, r[1] as usize, r[2] as usize]).collect(),
+    }
+}
+
+/// max |a - b| / max |b|: error relative to the golden's scale.
+pub fn max_rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    let scale = b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    diff / scale.max(1e-12)
+}
