@@ -32,12 +32,18 @@ pub struct Message {
 impl Message {
     /// A message with a single text part.
     pub fn text(role: impl Into<String>, text: impl Into<String>) -> Self {
-        Self { role: role.into(), content: vec![ContentPart::Text(text.into())] }
+        Self {
+            role: role.into(),
+            content: vec![ContentPart::Text(text.into())],
+        }
     }
 
     /// A message with arbitrary parts.
     pub fn new(role: impl Into<String>, content: Vec<ContentPart>) -> Self {
-        Self { role: role.into(), content }
+        Self {
+            role: role.into(),
+            content,
+        }
     }
 }
 
@@ -58,12 +64,17 @@ pub fn messages_from_hf_json(v: &serde_json::Value) -> Result<Vec<Message>> {
             Some(serde_json::Value::Array(parts)) => parts
                 .iter()
                 .enumerate()
-                .map(|(j, p)| part_from_hf_json(p).with_context(|| format!("messages[{i}].content[{j}]")))
+                .map(|(j, p)| {
+                    part_from_hf_json(p).with_context(|| format!("messages[{i}].content[{j}]"))
+                })
                 .collect::<Result<Vec<_>>>()?,
             Some(serde_json::Value::Null) | None => vec![],
             Some(_) => bail!("messages[{i}].content must be a string or a list of parts"),
         };
-        out.push(Message { role: role.to_string(), content });
+        out.push(Message {
+            role: role.to_string(),
+            content,
+        });
     }
     Ok(out)
 }
@@ -72,7 +83,10 @@ fn part_from_hf_json(p: &serde_json::Value) -> Result<ContentPart> {
     let ty = p.get("type").and_then(|t| t.as_str());
     match ty {
         Some("text") => {
-            let t = p.get("text").and_then(|t| t.as_str()).context("text part has no string \"text\"")?;
+            let t = p
+                .get("text")
+                .and_then(|t| t.as_str())
+                .context("text part has no string \"text\"")?;
             Ok(ContentPart::Text(t.to_string()))
         }
         Some("image") | Some("image_url") => Ok(ContentPart::Image),
@@ -101,7 +115,9 @@ const TEMPLATE_NAME: &str = "chat_template";
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate").field("source_len", &self.source.len()).finish()
+        f.debug_struct("ChatTemplate")
+            .field("source_len", &self.source.len())
+            .finish()
     }
 }
 
@@ -119,7 +135,10 @@ impl ChatTemplate {
         env.add_filter("tojson", py_tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| anyhow!("chat template does not compile: {}", describe(&e)))?;
-        Ok(Self { env, source: source.to_string() })
+        Ok(Self {
+            env,
+            source: source.to_string(),
+        })
     }
 
     /// The template's Jinja source.
@@ -150,18 +169,29 @@ impl ChatTemplate {
         self.render_values(msgs, add_generation_prompt)
     }
 
-    fn render_values(&self, msgs: Vec<serde_json::Value>, add_generation_prompt: bool) -> Result<String> {
-        let tmpl = self.env.get_template(TEMPLATE_NAME).context("chat template missing")?;
+    fn render_values(
+        &self,
+        msgs: Vec<serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .context("chat template missing")?;
         let ctx = minijinja::context! {
             messages => Value::from_serialize(&msgs),
             add_generation_prompt => add_generation_prompt,
         };
-        tmpl.render(ctx).map_err(|e| anyhow!("rendering the chat template failed: {}", describe(&e)))
+        tmpl.render(ctx)
+            .map_err(|e| anyhow!("rendering the chat template failed: {}", describe(&e)))
     }
 }
 
 /// One message in HF's dict format; optionally substituting sentinels for text.
-fn hf_message(m: &Message, mut sub: Option<(&mut usize, &dyn Fn(usize) -> String)>) -> serde_json::Value {
+fn hf_message(
+    m: &Message,
+    mut sub: Option<(&mut usize, &dyn Fn(usize) -> String)>,
+) -> serde_json::Value {
     let parts: Vec<serde_json::Value> = m
         .content
         .iter()
@@ -185,12 +215,19 @@ fn hf_message(m: &Message, mut sub: Option<(&mut usize, &dyn Fn(usize) -> String
 }
 
 fn raise_exception(msg: String) -> Result<Value, JinjaError> {
-    Err(JinjaError::new(ErrorKind::InvalidOperation, format!("template raised: {msg}")))
+    Err(JinjaError::new(
+        ErrorKind::InvalidOperation,
+        format!("template raised: {msg}"),
+    ))
 }
 
 /// `tojson` like transformers' (json.dumps with ensure_ascii=False, Python's separators,
 /// optional indent) rather than minijinja's HTML-safe variant, which escapes `<`, `>`, `'`.
-fn py_tojson(value: Value, indent: Option<usize>, kwargs: minijinja::value::Kwargs) -> Result<String, JinjaError> {
+fn py_tojson(
+    value: Value,
+    indent: Option<usize>,
+    kwargs: minijinja::value::Kwargs,
+) -> Result<String, JinjaError> {
     let indent = match kwargs.get::<Option<usize>>("indent")? {
         Some(i) => Some(i),
         None => indent,
@@ -265,7 +302,8 @@ fn describe(e: &JinjaError) -> String {
 pub fn find_chat_template(dir: &std::path::Path) -> Result<Option<String>> {
     let jinja = dir.join("chat_template.jinja");
     if jinja.is_file() {
-        let s = std::fs::read_to_string(&jinja).with_context(|| format!("reading {}", jinja.display()))?;
+        let s = std::fs::read_to_string(&jinja)
+            .with_context(|| format!("reading {}", jinja.display()))?;
         return Ok(Some(s));
     }
     for name in ["chat_template.json", "tokenizer_config.json"] {
@@ -282,9 +320,10 @@ pub fn find_chat_template(dir: &std::path::Path) -> Result<Option<String>> {
 
 /// The `chat_template` field of a JSON config file (string or list of `{name, template}`).
 pub fn chat_template_from_json_file(path: &std::path::Path) -> Result<Option<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
     match v.get("chat_template") {
         None | Some(serde_json::Value::Null) => Ok(None),
         Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
@@ -293,11 +332,20 @@ pub fn chat_template_from_json_file(path: &std::path::Path) -> Result<Option<Str
                 .iter()
                 .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
                 .or_else(|| list.first());
-            match pick.and_then(|t| t.get("template")).and_then(|t| t.as_str()) {
+            match pick
+                .and_then(|t| t.get("template"))
+                .and_then(|t| t.as_str())
+            {
                 Some(s) => Ok(Some(s.to_string())),
-                None => bail!("{}: chat_template list has no usable template entry", path.display()),
+                None => bail!(
+                    "{}: chat_template list has no usable template entry",
+                    path.display()
+                ),
             }
         }
-        Some(_) => bail!("{}: chat_template must be a string or a list of named templates", path.display()),
+        Some(_) => bail!(
+            "{}: chat_template must be a string or a list of named templates",
+            path.display()
+        ),
     }
 }

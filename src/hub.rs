@@ -56,7 +56,10 @@ impl HubOptions {
 }
 
 fn env_true(v: &str) -> bool {
-    matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+    matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "1" | "true" | "yes" | "on"
+    )
 }
 
 /// [`resolve_with`] using [`HubOptions::from_env`].
@@ -88,8 +91,11 @@ pub fn resolve_with(model: &str, revision: Option<&str>, opts: &HubOptions) -> R
         bail!("--model {model} is a file; expected a checkpoint directory or a repo id");
     }
     // Something that looks like a path but is missing is a typo, not a repo id.
-    let looks_like_path = model.starts_with('.') || model.starts_with('/') || model.starts_with('~')
-        || model.contains('\\') || model.matches('/').count() > 1;
+    let looks_like_path = model.starts_with('.')
+        || model.starts_with('/')
+        || model.starts_with('~')
+        || model.contains('\\')
+        || model.matches('/').count() > 1;
     if looks_like_path {
         bail!("--model directory {model} does not exist");
     }
@@ -103,15 +109,21 @@ pub fn resolve_with(model: &str, revision: Option<&str>, opts: &HubOptions) -> R
 
 /// A plain directory with the files side by side.
 fn resolve_dir(source: &str, dir: &Path) -> Result<ModelFiles> {
-    let missing: Vec<&str> =
-        ["config.json", "tokenizer.json"].into_iter().filter(|f| !dir.join(f).is_file()).collect();
+    let missing: Vec<&str> = ["config.json", "tokenizer.json"]
+        .into_iter()
+        .filter(|f| !dir.join(f).is_file())
+        .collect();
     let has_weights = dir.join(INDEX).is_file() || dir.join(SINGLE).is_file();
     let mut missing: Vec<String> = missing.into_iter().map(String::from).collect();
     if !has_weights {
         missing.push(format!("{SINGLE} (or {INDEX})"));
     }
     if !missing.is_empty() {
-        bail!("model directory {} is missing {}", dir.display(), missing.join(", "));
+        bail!(
+            "model directory {} is missing {}",
+            dir.display(),
+            missing.join(", ")
+        );
     }
     let weights = if dir.join(INDEX).is_file() {
         let index = dir.join(INDEX);
@@ -122,7 +134,11 @@ fn resolve_dir(source: &str, dir: &Path) -> Result<ModelFiles> {
                 if p.is_file() {
                     Ok(p)
                 } else {
-                    Err(anyhow!("{} lists shard {s}, which is missing from {}", index.display(), dir.display()))
+                    Err(anyhow!(
+                        "{} lists shard {s}, which is missing from {}",
+                        index.display(),
+                        dir.display()
+                    ))
                 }
             })
             .collect::<Result<Vec<_>>>()?
@@ -146,21 +162,28 @@ fn resolve_dir(source: &str, dir: &Path) -> Result<ModelFiles> {
 
 /// The unique shard file names of a safetensors index's `weight_map`, sorted.
 pub fn shard_names(index: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(index).with_context(|| format!("reading {}", index.display()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", index.display()))?;
+    let text =
+        std::fs::read_to_string(index).with_context(|| format!("reading {}", index.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", index.display()))?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())
         .with_context(|| format!("{} has no weight_map object", index.display()))?;
     let mut names = BTreeSet::new();
     for (tensor, file) in map {
-        let file = file
-            .as_str()
-            .with_context(|| format!("{}: weight_map[{tensor}] is not a file name", index.display()))?;
+        let file = file.as_str().with_context(|| {
+            format!(
+                "{}: weight_map[{tensor}] is not a file name",
+                index.display()
+            )
+        })?;
         // A shard name is a file in the same directory; refuse anything that walks out of it.
         if file.is_empty() || file.contains("..") || Path::new(file).is_absolute() {
-            bail!("{}: weight_map[{tensor}] names an unsafe path {file:?}", index.display());
+            bail!(
+                "{}: weight_map[{tensor}] names an unsafe path {file:?}",
+                index.display()
+            );
         }
         names.insert(file.to_string());
     }
@@ -216,7 +239,8 @@ fn resolve_cached(repo: &str, revision: &str, cache_dir: &Path) -> Result<ModelF
             cache_dir.display()
         );
     }
-    let [tokenizer_config, preprocessor_config, generation_config, jinja, json] = OPTIONAL.map(lookup);
+    let [tokenizer_config, preprocessor_config, generation_config, jinja, json] =
+        OPTIONAL.map(lookup);
     let dir = snapshot.context("snapshot vanished")?;
     Ok(ModelFiles {
         source: repo.to_string(),
@@ -246,12 +270,20 @@ fn snapshot_dir(repo_dir: &Path, revision: &str) -> Option<PathBuf> {
 /// Online: hf-hub's sync API; files already in the cache are not downloaded again.
 fn resolve_online(repo: &str, revision: &str, opts: &HubOptions) -> Result<ModelFiles> {
     use hf_hub::api::sync::ApiBuilder;
-    let mut builder = ApiBuilder::from_env().with_cache_dir(opts.cache_dir.clone()).with_progress(false);
+    let mut builder = ApiBuilder::from_env()
+        .with_cache_dir(opts.cache_dir.clone())
+        .with_progress(false);
     if let Some(tok) = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()) {
         builder = builder.with_token(Some(tok));
     }
-    let api = builder.build().context("creating the Hugging Face hub client")?;
-    let r = api.repo(hf_hub::Repo::with_revision(repo.to_string(), hf_hub::RepoType::Model, revision.to_string()));
+    let api = builder
+        .build()
+        .context("creating the Hugging Face hub client")?;
+    let r = api.repo(hf_hub::Repo::with_revision(
+        repo.to_string(),
+        hf_hub::RepoType::Model,
+        revision.to_string(),
+    ));
     let need = |f: &str| {
         r.get(f).with_context(|| {
             format!(
@@ -275,10 +307,16 @@ fn resolve_online(repo: &str, revision: &str, opts: &HubOptions) -> Result<Model
             .into_iter()
             .map(|s| need(&s).with_context(|| format!("shard {s} listed in {}", index.display())))
             .collect::<Result<Vec<_>>>()?,
-        None => vec![need(SINGLE).with_context(|| format!("{repo} has neither {INDEX} nor {SINGLE}"))?],
+        None => {
+            vec![need(SINGLE).with_context(|| format!("{repo} has neither {INDEX} nor {SINGLE}"))?]
+        }
     };
-    let dir = config.parent().map(Path::to_path_buf).context("config.json has no parent directory")?;
-    let [tokenizer_config, preprocessor_config, generation_config, jinja, json] = OPTIONAL.map(maybe);
+    let dir = config
+        .parent()
+        .map(Path::to_path_buf)
+        .context("config.json has no parent directory")?;
+    let [tokenizer_config, preprocessor_config, generation_config, jinja, json] =
+        OPTIONAL.map(maybe);
     Ok(ModelFiles {
         source: repo.to_string(),
         revision: Some(revision.to_string()),

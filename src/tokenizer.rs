@@ -65,7 +65,10 @@ impl MergTokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let tok = dir.join("tokenizer.json");
         if !tok.is_file() {
-            bail!("tokenizer directory {} has no tokenizer.json", dir.display());
+            bail!(
+                "tokenizer directory {} has no tokenizer.json",
+                dir.display()
+            );
         }
         let template = find_chat_template(dir)
             .with_context(|| format!("looking for a chat template in {}", dir.display()))?;
@@ -76,17 +79,20 @@ impl MergTokenizer {
     pub fn from_files(tokenizer_json: &Path, chat_template: Option<String>) -> Result<Self> {
         let text = std::fs::read_to_string(tokenizer_json)
             .with_context(|| format!("reading tokenizer file {}", tokenizer_json.display()))?;
-        let mut json: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not valid JSON", tokenizer_json.display()))?;
-        let mut full = Tokenizer::from_str(&text)
-            .map_err(|e| anyhow!("{} is not a usable tokenizer: {e}", tokenizer_json.display()))?;
-        // The plain tokenizer knows no added tokens, so data text is only ever BPE-split.
-        match json.get_mut("added_tokens") {
-            Some(v) => *v = serde_json::Value::Array(vec![]),
-            None => bail!("{}: no added_tokens list; not a HF tokenizer.json?", tokenizer_json.display()),
-        }
-        let mut plain = Tokenizer::from_str(&json.to_string())
-            .map_err(|e| anyhow!("{}: building the plain tokenizer failed: {e}", tokenizer_json.display()))?;
+        let mut full = Tokenizer::from_str(&text).map_err(|e| {
+            anyhow!(
+                "{} is not a usable tokenizer: {e}",
+                tokenizer_json.display()
+            )
+        })?;
+        // The plain tokenizer shares the model and pipeline but knows no added tokens, so data
+        // text is only ever BPE-split. (Cloning the parts is much faster than re-parsing.)
+        let mut plain = Tokenizer::new(full.get_model().clone());
+        plain
+            .with_normalizer(full.get_normalizer().cloned())
+            .with_pre_tokenizer(full.get_pre_tokenizer().cloned())
+            .with_post_processor(full.get_post_processor().cloned())
+            .with_decoder(full.get_decoder().cloned());
         // Silent truncation or padding would corrupt prompts; we never want either.
         for t in [&mut full, &mut plain] {
             t.with_truncation(None)
@@ -117,7 +123,10 @@ impl MergTokenizer {
             })
         };
         let special = lookup().map_err(|missing| {
-            anyhow!("{}: the Qwen2-VL special token {missing} is not in the vocabulary", tokenizer_json.display())
+            anyhow!(
+                "{}: the Qwen2-VL special token {missing} is not in the vocabulary",
+                tokenizer_json.display()
+            )
         })?;
         let template = match chat_template {
             Some(src) => Some(
@@ -126,7 +135,14 @@ impl MergTokenizer {
             ),
             None => None,
         };
-        Ok(Self { full, plain, added, added_ids, special, template })
+        Ok(Self {
+            full,
+            plain,
+            added,
+            added_ids,
+            special,
+            template,
+        })
     }
 
     /// Replaces (or sets) the chat template.
@@ -158,7 +174,10 @@ impl MergTokenizer {
     /// Tokenizes `text` as HF would, recognising special tokens in it. Only for template
     /// text and tests; never pass user data here.
     pub fn encode_trusted(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.full.encode(text, false).map_err(|e| anyhow!("tokenizing trusted text failed: {e}"))?;
+        let enc = self
+            .full
+            .encode(text, false)
+            .map_err(|e| anyhow!("tokenizing trusted text failed: {e}"))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -191,7 +210,9 @@ impl MergTokenizer {
             })
             .collect();
         let mark = sentinel_char(template.source(), &texts);
-        let rendered = template.render_with_text(messages, add_generation_prompt, &|k| format!("{mark}{k}{mark}"))?;
+        let rendered = template.render_with_text(messages, add_generation_prompt, &|k| {
+            format!("{mark}{k}{mark}")
+        })?;
         let pieces = split_sentinels(&rendered, mark, texts.len())?;
 
         // The sentinel render is only trustworthy if the template copies text verbatim
@@ -242,7 +263,9 @@ impl MergTokenizer {
                 ids.extend(self.encode_text(&buf)?);
                 buf.clear();
                 let n = if id == self.special.image_pad || id == self.special.video_pad {
-                    *media.next().context("media placeholder count changed while encoding")?
+                    *media
+                        .next()
+                        .context("media placeholder count changed while encoding")?
                 } else {
                     1
                 };
@@ -337,8 +360,12 @@ fn split_sentinels(rendered: &str, mark: char, n_texts: usize) -> Result<Vec<Pie
     let mut rest = rendered;
     while let Some(start) = rest.find(mark) {
         let after = &rest[start + mark.len_utf8()..];
-        let end = after.find(mark).context("chat template cut a text sentinel in half")?;
-        let k: usize = after[..end].parse().context("chat template altered a text sentinel")?;
+        let end = after
+            .find(mark)
+            .context("chat template cut a text sentinel in half")?;
+        let k: usize = after[..end]
+            .parse()
+            .context("chat template altered a text sentinel")?;
         if k >= n_texts {
             bail!("chat template produced an unknown text sentinel {k}");
         }
