@@ -1,1 +1,351 @@
-//! TODO
+//! Chat messages and HF-compatible Jinja chat-template rendering.
+//!
+//! Rendering mirrors `transformers` (`apply_chat_template`): a sandboxed Jinja environment with
+//! `trim_blocks` and `lstrip_blocks` on, loop controls, `raise_exception`, and Python string
+//! methods (via `minijinja_contrib::pycompat`). Messages are passed in HF's list format:
+//! every message's `content` is a list of `{"type": "text", "text": ..}`, `{"type": "image"}`
+//! and `{"type": "video"}` parts, exactly what `Qwen2VLProcessor.apply_chat_template` receives
+//! from callers that use multimodal messages. (Qwen2-VL's template branches on
+//! `message['content'] is string`, but both branches render the same bytes for text, so the
+//! list form is never wrong for it, and it is the only form that can carry media.)
+
+use anyhow::{anyhow, bail, Context, Result};
+use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+
+/// One part of a message's content. Media payloads (pixels) live elsewhere; only their
+/// position matters here, and the order of parts is preserved.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ContentPart {
+    Text(String),
+    Image,
+    Video,
+}
+
+/// A chat message: a role (`system`, `user`, `assistant`, ...) and ordered content parts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: Vec<ContentPart>,
+}
+
+impl Message {
+    /// A message with a single text part.
+    pub fn text(role: impl Into<String>, text: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: vec![ContentPart::Text(text.into())],
+        }
+    }
+
+    /// A message with arbitrary parts.
+    pub fn new(role: impl Into<String>, content: Vec<ContentPart>) -> Self {
+        Self {
+            role: role.into(),
+            content,
+        }
+    }
+}
+
+/// Parses messages in HF's JSON format: `[{"role": .., "content": "text" | [parts]}]`, parts
+/// being `{"type": "text", "text": ..}`, `{"type": "image", ..}` (also `image_url`) or
+/// `{"type": "video", ..}`; media payload fields are ignored. A string content becomes one
+/// text part (Qwen2-VL's template renders both forms identically).
+pub fn messages_from_hf_json(v: &serde_json::Value) -> Result<Vec<Message>> {
+    let list = v.as_array().context("messages must be a JSON array")?;
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let role = m
+            .get("role")
+            .and_then(|r| r.as_str())
+            .with_context(|| format!("messages[{i}] has no string \"role\""))?;
+        let content = match m.get("content") {
+            Some(serde_json::Value::String(s)) => vec![ContentPart::Text(s.clone())],
+            Some(serde_json::Value::Array(parts)) => parts
+                .iter()
+                .enumerate()
+                .map(|(j, p)| {
+                    part_from_hf_json(p).with_context(|| format!("messages[{i}].content[{j}]"))
+                })
+                .collect::<Result<Vec<_>>>()?,
+            Some(serde_json::Value::Null) | None => vec![],
+            Some(_) => bail!("messages[{i}].content must be a string or a list of parts"),
+        };
+        out.push(Message {
+            role: role.to_string(),
+            content,
+        });
+    }
+    Ok(out)
+}
+
+fn part_from_hf_json(p: &serde_json::Value) -> Result<ContentPart> {
+    let ty = p.get("type").and_then(|t| t.as_str());
+    match ty {
+        Some("text") => {
+            let t = p
+                .get("text")
+                .and_then(|t| t.as_str())
+                .context("text part has no string \"text\"")?;
+            Ok(ContentPart::Text(t.to_string()))
+        }
+        Some("image") | Some("image_url") => Ok(ContentPart::Image),
+        Some("video") => Ok(ContentPart::Video),
+        Some(other) => bail!("unsupported content part type {other:?}"),
+        None if p.get("image").is_some() || p.get("image_url").is_some() => Ok(ContentPart::Image),
+        None if p.get("video").is_some() => Ok(ContentPart::Video),
+        None => bail!("content part has no \"type\""),
+    }
+}
+
+/// The chat template shipped with Qwen2-VL-*-Instruct (`chat_template.json` and
+/// `tokenizer_config.json`). Qwen2.5-VL-*-Instruct ships the same template byte for byte.
+pub const QWEN2_VL_CHAT_TEMPLATE: &str = "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// See [`QWEN2_VL_CHAT_TEMPLATE`]; kept as its own name so callers say which model they mean.
+pub const QWEN2_5_VL_CHAT_TEMPLATE: &str = QWEN2_VL_CHAT_TEMPLATE;
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+}
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("source_len", &self.source.len())
+            .finish()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles a Jinja chat template; syntax errors are reported with their line.
+    pub fn new(source: &str) -> Result<Self> {
+        let mut env = Environment::new();
+        // transformers compiles with trim_blocks=True, lstrip_blocks=True; whitespace
+        // handling is what makes byte-identical rendering possible.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_keep_trailing_newline(false);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", py_tojson);
+        env.add_template_owned(TEMPLATE_NAME, source.to_string())
+            .map_err(|e| anyhow!("chat template does not compile: {}", describe(&e)))?;
+        Ok(Self {
+            env,
+            source: source.to_string(),
+        })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders `messages` like `apply_chat_template(messages, tokenize=False,
+    /// add_generation_prompt=...)`.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let msgs: Vec<serde_json::Value> = messages.iter().map(|m| hf_message(m, None)).collect();
+        self.render_values(msgs, add_generation_prompt)
+    }
+
+    /// Renders with every text part replaced by `sentinel(k)` (k counts text parts over the
+    /// whole conversation). Used by the tokenizer to learn where data text lands.
+    pub(crate) fn render_with_text(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        sentinel: &dyn Fn(usize) -> String,
+    ) -> Result<String> {
+        let mut k = 0usize;
+        let mut msgs = Vec::with_capacity(messages.len());
+        for m in messages {
+            msgs.push(hf_message(m, Some((&mut k, sentinel))));
+        }
+        self.render_values(msgs, add_generation_prompt)
+    }
+
+    fn render_values(
+        &self,
+        msgs: Vec<serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .context("chat template missing")?;
+        let ctx = minijinja::context! {
+            messages => Value::from_serialize(&msgs),
+            add_generation_prompt => add_generation_prompt,
+        };
+        tmpl.render(ctx)
+            .map_err(|e| anyhow!("rendering the chat template failed: {}", describe(&e)))
+    }
+}
+
+/// One message in HF's dict format; optionally substituting sentinels for text.
+fn hf_message(
+    m: &Message,
+    mut sub: Option<(&mut usize, &dyn Fn(usize) -> String)>,
+) -> serde_json::Value {
+    let parts: Vec<serde_json::Value> = m
+        .content
+        .iter()
+        .map(|p| match p {
+            ContentPart::Text(t) => {
+                let text = match sub.as_mut() {
+                    Some((k, f)) => {
+                        let s = f(**k);
+                        **k += 1;
+                        s
+                    }
+                    None => t.clone(),
+                };
+                serde_json::json!({"type": "text", "text": text})
+            }
+            ContentPart::Image => serde_json::json!({"type": "image"}),
+            ContentPart::Video => serde_json::json!({"type": "video"}),
+        })
+        .collect();
+    serde_json::json!({"role": m.role, "content": parts})
+}
+
+fn raise_exception(msg: String) -> Result<Value, JinjaError> {
+    Err(JinjaError::new(
+        ErrorKind::InvalidOperation,
+        format!("template raised: {msg}"),
+    ))
+}
+
+/// `tojson` like transformers' (json.dumps with ensure_ascii=False, Python's separators,
+/// optional indent) rather than minijinja's HTML-safe variant, which escapes `<`, `>`, `'`.
+fn py_tojson(
+    value: Value,
+    indent: Option<usize>,
+    kwargs: minijinja::value::Kwargs,
+) -> Result<String, JinjaError> {
+    let indent = match kwargs.get::<Option<usize>>("indent")? {
+        Some(i) => Some(i),
+        None => indent,
+    };
+    kwargs.assert_all_used()?;
+    let v: serde_json::Value = serde_json::to_value(&value)
+        .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let mut out = String::new();
+    write_py_json(&v, indent, 0, &mut out);
+    Ok(out)
+}
+
+fn write_py_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: &mut String) {
+    use serde_json::Value as J;
+    let nl = |out: &mut String, d: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * d));
+        }
+    };
+    // Python: separators (', ', ': ') without indent, (',', ': ') with indent.
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        J::Array(a) if !a.is_empty() => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                nl(out, depth + 1);
+                write_py_json(x, indent, depth + 1, out);
+            }
+            nl(out, depth);
+            out.push(']');
+        }
+        J::Object(o) if !o.is_empty() => {
+            out.push('{');
+            for (i, (k, x)) in o.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                nl(out, depth + 1);
+                out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                out.push_str(": ");
+                write_py_json(x, indent, depth + 1, out);
+            }
+            nl(out, depth);
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// minijinja errors carry the useful part (line, detail) in their Display chain.
+fn describe(e: &JinjaError) -> String {
+    let mut s = e.to_string();
+    if let Some(line) = e.line() {
+        s.push_str(&format!(" (template line {line})"));
+    }
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(&format!(": {inner}"));
+        src = inner.source();
+    }
+    s
+}
+
+/// Reads a chat template from a checkpoint directory, in transformers' order of precedence:
+/// `chat_template.jinja`, then `chat_template.json` (`{"chat_template": ..}`), then the
+/// `chat_template` field of `tokenizer_config.json` (a string, or a list of named templates
+/// from which `default` is taken). Returns `Ok(None)` when none is present.
+pub fn find_chat_template(dir: &std::path::Path) -> Result<Option<String>> {
+    let jinja = dir.join("chat_template.jinja");
+    if jinja.is_file() {
+        let s = std::fs::read_to_string(&jinja)
+            .with_context(|| format!("reading {}", jinja.display()))?;
+        return Ok(Some(s));
+    }
+    for name in ["chat_template.json", "tokenizer_config.json"] {
+        let path = dir.join(name);
+        if !path.is_file() {
+            continue;
+        }
+        if let Some(t) = chat_template_from_json_file(&path)? {
+            return Ok(Some(t));
+        }
+    }
+    Ok(None)
+}
+
+/// The `chat_template` field of a JSON config file (string or list of `{name, template}`).
+pub fn chat_template_from_json_file(path: &std::path::Path) -> Result<Option<String>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    match v.get("chat_template") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(serde_json::Value::Array(list)) => {
+            let pick = list
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .or_else(|| list.first());
+            match pick
+                .and_then(|t| t.get("template"))
+                .and_then(|t| t.as_str())
+            {
+                Some(s) => Ok(Some(s.to_string())),
+                None => bail!(
+                    "{}: chat_template list has no usable template entry",
+                    path.display()
+                ),
+            }
+        }
+        Some(_) => bail!(
+            "{}: chat_template must be a string or a list of named templates",
+            path.display()
+        ),
+    }
+}

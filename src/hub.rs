@@ -1,1 +1,332 @@
-//! TODO
+//! Finding a checkpoint: a local directory, or a Hugging Face repo id resolved through the
+//! hub cache (offline) or the hub API (online, which also fills the cache).
+
+use anyhow::{anyhow, bail, Context, Result};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Where every file of a checkpoint lives on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelFiles {
+    /// The repo id or the directory as the user gave it.
+    pub source: String,
+    pub revision: Option<String>,
+    /// Directory holding config.json (a snapshot directory for hub repos).
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    /// Safetensors files, in the sorted order of their names.
+    pub weights: Vec<PathBuf>,
+    pub tokenizer: PathBuf,
+    pub tokenizer_config: Option<PathBuf>,
+    pub preprocessor_config: Option<PathBuf>,
+    pub generation_config: Option<PathBuf>,
+    /// `chat_template.jinja` if present, else `chat_template.json`.
+    pub chat_template: Option<PathBuf>,
+}
+
+/// Where the hub cache is and whether the network may be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HubOptions {
+    /// The `hub` cache directory (holding `models--org--name/`).
+    pub cache_dir: PathBuf,
+    /// Never touch the network; resolve from `cache_dir` only.
+    pub offline: bool,
+}
+
+impl HubOptions {
+    /// From the environment, like `huggingface_hub`: `HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+    /// `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`; offline when
+    /// `HF_HUB_OFFLINE` is `1`, `true`, `yes` or `on` (any case).
+    pub fn from_env() -> Self {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// [`HubOptions::from_env`] with variables read through `var` (tests need no real env).
+    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Self {
+        let path = |k: &str| var(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let cache_dir = path("HF_HUB_CACHE")
+            .or_else(|| path("HF_HOME").map(|h| h.join("hub")))
+            .or_else(|| path("XDG_CACHE_HOME").map(|x| x.join("huggingface").join("hub")))
+            .or_else(|| path("HOME").map(|h| h.join(".cache").join("huggingface").join("hub")))
+            // No home at all: a relative path still works and is visible in errors.
+            .unwrap_or_else(|| PathBuf::from(".cache/huggingface/hub"));
+        let offline = var("HF_HUB_OFFLINE").is_some_and(|v| env_true(&v));
+        Self { cache_dir, offline }
+    }
+}
+
+fn env_true(v: &str) -> bool {
+    matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "1" | "true" | "yes" | "on"
+    )
+}
+
+/// [`resolve_with`] using [`HubOptions::from_env`].
+pub fn resolve(model: &str, revision: Option<&str>) -> Result<ModelFiles> {
+    resolve_with(model, revision, &HubOptions::from_env())
+}
+
+const INDEX: &str = "model.safetensors.index.json";
+const SINGLE: &str = "model.safetensors";
+const OPTIONAL: [&str; 5] = [
+    "tokenizer_config.json",
+    "preprocessor_config.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+];
+
+/// Resolves `model`: an existing local directory is used as is; anything else is taken as a
+/// hub repo id (`org/name`), looked up in `opts.cache_dir` (offline) or fetched (online).
+pub fn resolve_with(model: &str, revision: Option<&str>, opts: &HubOptions) -> Result<ModelFiles> {
+    if model.trim().is_empty() {
+        bail!("--model is empty: give a checkpoint directory or a Hugging Face repo id");
+    }
+    let path = Path::new(model);
+    if path.is_dir() {
+        return resolve_dir(model, path);
+    }
+    if path.exists() {
+        bail!("--model {model} is a file; expected a checkpoint directory or a repo id");
+    }
+    // Something that looks like a path but is missing is a typo, not a repo id.
+    let looks_like_path = model.starts_with('.')
+        || model.starts_with('/')
+        || model.starts_with('~')
+        || model.contains('\\')
+        || model.matches('/').count() > 1;
+    if looks_like_path {
+        bail!("--model directory {model} does not exist");
+    }
+    let revision = revision.unwrap_or("main");
+    if opts.offline {
+        resolve_cached(model, revision, &opts.cache_dir)
+    } else {
+        resolve_online(model, revision, opts)
+    }
+}
+
+/// A plain directory with the files side by side.
+fn resolve_dir(source: &str, dir: &Path) -> Result<ModelFiles> {
+    let missing: Vec<&str> = ["config.json", "tokenizer.json"]
+        .into_iter()
+        .filter(|f| !dir.join(f).is_file())
+        .collect();
+    let has_weights = dir.join(INDEX).is_file() || dir.join(SINGLE).is_file();
+    let mut missing: Vec<String> = missing.into_iter().map(String::from).collect();
+    if !has_weights {
+        missing.push(format!("{SINGLE} (or {INDEX})"));
+    }
+    if !missing.is_empty() {
+        bail!(
+            "model directory {} is missing {}",
+            dir.display(),
+            missing.join(", ")
+        );
+    }
+    let weights = if dir.join(INDEX).is_file() {
+        let index = dir.join(INDEX);
+        shard_names(&index)?
+            .into_iter()
+            .map(|s| {
+                let p = dir.join(&s);
+                if p.is_file() {
+                    Ok(p)
+                } else {
+                    Err(anyhow!(
+                        "{} lists shard {s}, which is missing from {}",
+                        index.display(),
+                        dir.display()
+                    ))
+                }
+            })
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        vec![dir.join(SINGLE)]
+    };
+    let opt = |f: &str| Some(dir.join(f)).filter(|p| p.is_file());
+    Ok(ModelFiles {
+        source: source.to_string(),
+        revision: None,
+        dir: dir.to_path_buf(),
+        config: dir.join("config.json"),
+        weights,
+        tokenizer: dir.join("tokenizer.json"),
+        tokenizer_config: opt("tokenizer_config.json"),
+        preprocessor_config: opt("preprocessor_config.json"),
+        generation_config: opt("generation_config.json"),
+        chat_template: opt("chat_template.jinja").or_else(|| opt("chat_template.json")),
+    })
+}
+
+/// The unique shard file names of a safetensors index's `weight_map`, sorted.
+pub fn shard_names(index: &Path) -> Result<Vec<String>> {
+    let text =
+        std::fs::read_to_string(index).with_context(|| format!("reading {}", index.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", index.display()))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .with_context(|| format!("{} has no weight_map object", index.display()))?;
+    let mut names = BTreeSet::new();
+    for (tensor, file) in map {
+        let file = file.as_str().with_context(|| {
+            format!(
+                "{}: weight_map[{tensor}] is not a file name",
+                index.display()
+            )
+        })?;
+        // A shard name is a file in the same directory; refuse anything that walks out of it.
+        if file.is_empty() || file.contains("..") || Path::new(file).is_absolute() {
+            bail!(
+                "{}: weight_map[{tensor}] names an unsafe path {file:?}",
+                index.display()
+            );
+        }
+        names.insert(file.to_string());
+    }
+    if names.is_empty() {
+        bail!("{} has an empty weight_map", index.display());
+    }
+    Ok(names.into_iter().collect())
+}
+
+/// Offline: `cache/models--org--name/refs/<revision>` names a snapshot (or `revision` is a
+/// commit hash with a snapshot of its own); every file must be in that snapshot.
+fn resolve_cached(repo: &str, revision: &str, cache_dir: &Path) -> Result<ModelFiles> {
+    let repo_dir = cache_dir.join(hf_hub::Repo::model(repo.to_string()).folder_name());
+    let snapshot = snapshot_dir(&repo_dir, revision);
+    let lookup = |f: &str| snapshot.as_ref().map(|s| s.join(f)).filter(|p| p.is_file());
+
+    let mut missing = Vec::new();
+    let config = lookup("config.json");
+    let tokenizer = lookup("tokenizer.json");
+    if config.is_none() {
+        missing.push("config.json".to_string());
+    }
+    if tokenizer.is_none() {
+        missing.push("tokenizer.json".to_string());
+    }
+    let mut weights = Vec::new();
+    if let Some(index) = lookup(INDEX) {
+        for s in shard_names(&index)? {
+            match lookup(&s) {
+                Some(p) => weights.push(p),
+                None => missing.push(format!("{s} (listed in {INDEX})")),
+            }
+        }
+    } else if let Some(p) = lookup(SINGLE) {
+        weights.push(p);
+    } else {
+        missing.push(format!("{SINGLE} (or {INDEX} and its shards)"));
+    }
+    if !missing.is_empty() {
+        let where_ = match &snapshot {
+            Some(s) => format!("snapshot {}", s.display()),
+            None => format!(
+                "{} (no snapshot for revision {revision}; nor is there a local directory named {repo})",
+                repo_dir.display()
+            ),
+        };
+        bail!(
+            "offline (HF_HUB_OFFLINE) and model {repo}@{revision} is not fully cached in {where_}; \
+             missing: {}.\nTo provide it: on a connected machine run \
+             `huggingface-cli download {repo} --local-dir DIR`, copy DIR here and pass `--model DIR`; \
+             or copy that machine's hub cache into {} (HF_HOME/hub or HF_HUB_CACHE)",
+            missing.join(", "),
+            cache_dir.display()
+        );
+    }
+    let [tokenizer_config, preprocessor_config, generation_config, jinja, json] =
+        OPTIONAL.map(lookup);
+    let dir = snapshot.context("snapshot vanished")?;
+    Ok(ModelFiles {
+        source: repo.to_string(),
+        revision: Some(revision.to_string()),
+        dir,
+        config: config.context("config.json vanished")?,
+        weights,
+        tokenizer: tokenizer.context("tokenizer.json vanished")?,
+        tokenizer_config,
+        preprocessor_config,
+        generation_config,
+        chat_template: jinja.or(json),
+    })
+}
+
+fn snapshot_dir(repo_dir: &Path, revision: &str) -> Option<PathBuf> {
+    // hf_hub::Cache does the refs lookup but does not trim the ref file nor accept commit
+    // hashes; the layout is simple enough to read directly.
+    let from_ref = std::fs::read_to_string(repo_dir.join("refs").join(revision))
+        .ok()
+        .map(|h| repo_dir.join("snapshots").join(h.trim()));
+    from_ref
+        .or_else(|| Some(repo_dir.join("snapshots").join(revision)))
+        .filter(|d| !revision.contains("..") && d.is_dir())
+}
+
+/// Online: hf-hub's sync API; files already in the cache are not downloaded again.
+fn resolve_online(repo: &str, revision: &str, opts: &HubOptions) -> Result<ModelFiles> {
+    use hf_hub::api::sync::ApiBuilder;
+    let mut builder = ApiBuilder::from_env()
+        .with_cache_dir(opts.cache_dir.clone())
+        .with_progress(false);
+    if let Some(tok) = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()) {
+        builder = builder.with_token(Some(tok));
+    }
+    let api = builder
+        .build()
+        .context("creating the Hugging Face hub client")?;
+    let r = api.repo(hf_hub::Repo::with_revision(
+        repo.to_string(),
+        hf_hub::RepoType::Model,
+        revision.to_string(),
+    ));
+    let need = |f: &str| {
+        r.get(f).with_context(|| {
+            format!(
+                "downloading {f} of {repo}@{revision} failed (no network? set HF_HUB_OFFLINE=1 to use \
+                 only the cache, or pass --model DIR with a local copy)"
+            )
+        })
+    };
+    let config = need("config.json")?;
+    let tokenizer = need("tokenizer.json")?;
+    // Optional files: absence on the hub is normal, so a failure just means "not there".
+    let maybe = |f: &str| match r.get(f) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::debug!("{repo}@{revision}: no {f} ({e})");
+            None
+        }
+    };
+    let weights = match maybe(INDEX) {
+        Some(index) => shard_names(&index)?
+            .into_iter()
+            .map(|s| need(&s).with_context(|| format!("shard {s} listed in {}", index.display())))
+            .collect::<Result<Vec<_>>>()?,
+        None => {
+            vec![need(SINGLE).with_context(|| format!("{repo} has neither {INDEX} nor {SINGLE}"))?]
+        }
+    };
+    let dir = config
+        .parent()
+        .map(Path::to_path_buf)
+        .context("config.json has no parent directory")?;
+    let [tokenizer_config, preprocessor_config, generation_config, jinja, json] =
+        OPTIONAL.map(maybe);
+    Ok(ModelFiles {
+        source: repo.to_string(),
+        revision: Some(revision.to_string()),
+        dir,
+        config,
+        weights,
+        tokenizer,
+        tokenizer_config,
+        preprocessor_config,
+        generation_config,
+        chat_template: jinja.or(json),
+    })
+}

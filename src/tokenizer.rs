@@ -1,1 +1,382 @@
-//! TODO
+//! Tokenization where dialogue text is data: it can never become a control token.
+//!
+//! HF renders the chat template to one string and tokenizes it, so a user text holding
+//! `<|im_end|>` turns into the real control token. We render the template with a sentinel in
+//! place of every text part, so we know which bytes are template and which are data. Added
+//! (special) tokens are recognised only inside template bytes; everything between two such
+//! tokens, template text and data text alike, is tokenized as one segment by a "plain"
+//! tokenizer: the same tokenizer.json with its `added_tokens` removed. HF itself splits the
+//! string at added tokens and runs normalizer + pre-tokenizer + BPE on each segment on its
+//! own, so for data free of special-token strings our ids equal HF's exactly (not merely
+//! piecewise-equal); for data that holds them, the text is BPE-split into ordinary pieces,
+//! like tiktoken with `disallowed_special=()`.
+
+use crate::chat::{find_chat_template, ChatTemplate, ContentPart, Message};
+use anyhow::{anyhow, bail, Context, Result};
+use std::collections::HashSet;
+use std::path::Path;
+use std::str::FromStr;
+use tokenizers::Tokenizer;
+
+/// Ids of the Qwen2-VL control tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpecialTokens {
+    pub endoftext: u32,
+    pub im_start: u32,
+    pub im_end: u32,
+    pub vision_start: u32,
+    pub vision_end: u32,
+    pub image_pad: u32,
+    pub video_pad: u32,
+    pub vision_pad: u32,
+}
+
+/// A tokenizer plus (optionally) the checkpoint's chat template.
+pub struct MergTokenizer {
+    full: Tokenizer,
+    plain: Tokenizer,
+    /// (content, id) of every added token, longest first so matching prefers the longest.
+    added: Vec<(String, u32)>,
+    added_ids: HashSet<u32>,
+    special: SpecialTokens,
+    template: Option<ChatTemplate>,
+}
+
+impl std::fmt::Debug for MergTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MergTokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("special", &self.special)
+            .field("has_chat_template", &self.template.is_some())
+            .finish()
+    }
+}
+
+/// Piece of a rendered prompt: template bytes or the k-th text part of the conversation.
+enum Piece<'a> {
+    Template(&'a str),
+    Data(usize),
+}
+
+impl MergTokenizer {
+    /// Loads `dir/tokenizer.json` and the chat template found beside it
+    /// (see [`find_chat_template`]: `chat_template.jinja`, `chat_template.json`, then
+    /// `tokenizer_config.json`). A missing template is not an error until `encode_chat`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let tok = dir.join("tokenizer.json");
+        if !tok.is_file() {
+            bail!(
+                "tokenizer directory {} has no tokenizer.json",
+                dir.display()
+            );
+        }
+        let template = find_chat_template(dir)
+            .with_context(|| format!("looking for a chat template in {}", dir.display()))?;
+        Self::from_files(&tok, template)
+    }
+
+    /// Loads a tokenizer.json and compiles `chat_template` when given.
+    pub fn from_files(tokenizer_json: &Path, chat_template: Option<String>) -> Result<Self> {
+        let text = std::fs::read_to_string(tokenizer_json)
+            .with_context(|| format!("reading tokenizer file {}", tokenizer_json.display()))?;
+        let mut full = Tokenizer::from_str(&text).map_err(|e| {
+            anyhow!(
+                "{} is not a usable tokenizer: {e}",
+                tokenizer_json.display()
+            )
+        })?;
+        // The plain tokenizer shares the model and pipeline but knows no added tokens, so data
+        // text is only ever BPE-split. (Cloning the parts is much faster than re-parsing.)
+        let mut plain = Tokenizer::new(full.get_model().clone());
+        plain
+            .with_normalizer(full.get_normalizer().cloned())
+            .with_pre_tokenizer(full.get_pre_tokenizer().cloned())
+            .with_post_processor(full.get_post_processor().cloned())
+            .with_decoder(full.get_decoder().cloned());
+        // Silent truncation or padding would corrupt prompts; we never want either.
+        for t in [&mut full, &mut plain] {
+            t.with_truncation(None)
+                .map_err(|e| anyhow!("{}: disabling truncation: {e}", tokenizer_json.display()))?;
+            t.with_padding(None);
+        }
+
+        let mut added: Vec<(String, u32)> = full
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| !t.content.is_empty())
+            .map(|(id, t)| (t.content, id))
+            .collect();
+        added.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        let added_ids = added.iter().map(|(_, id)| *id).collect();
+
+        let id = |name: &str| full.token_to_id(name).ok_or(name.to_string());
+        let lookup = || -> std::result::Result<SpecialTokens, String> {
+            Ok(SpecialTokens {
+                endoftext: id("<|endoftext|>")?,
+                im_start: id("<|im_start|>")?,
+                im_end: id("<|im_end|>")?,
+                vision_start: id("<|vision_start|>")?,
+                vision_end: id("<|vision_end|>")?,
+                image_pad: id("<|image_pad|>")?,
+                video_pad: id("<|video_pad|>")?,
+                vision_pad: id("<|vision_pad|>")?,
+            })
+        };
+        let special = lookup().map_err(|missing| {
+            anyhow!(
+                "{}: the Qwen2-VL special token {missing} is not in the vocabulary",
+                tokenizer_json.display()
+            )
+        })?;
+        let template = match chat_template {
+            Some(src) => Some(
+                ChatTemplate::new(&src)
+                    .with_context(|| format!("chat template for {}", tokenizer_json.display()))?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            full,
+            plain,
+            added,
+            added_ids,
+            special,
+            template,
+        })
+    }
+
+    /// Replaces (or sets) the chat template.
+    pub fn set_chat_template(&mut self, source: &str) -> Result<()> {
+        self.template = Some(ChatTemplate::new(source)?);
+        Ok(())
+    }
+
+    /// The chat template, if the checkpoint has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    /// Tokenizes data text. Never yields added/special tokens: `"<|im_end|>"` in the text
+    /// becomes ordinary byte-level pieces.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .plain
+            .encode(text, false)
+            .map_err(|e| anyhow!("tokenizing {} bytes of text failed: {e}", text.len()))?;
+        let ids = enc.get_ids().to_vec();
+        // Guard against vocabularies whose BPE could still reach an added token's id.
+        if let Some(bad) = ids.iter().find(|i| self.added_ids.contains(i)) {
+            bail!("text tokenized to the added token id {bad}; refusing to let data produce a control token");
+        }
+        Ok(ids)
+    }
+
+    /// Tokenizes `text` as HF would, recognising special tokens in it. Only for template
+    /// text and tests; never pass user data here.
+    pub fn encode_trusted(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .full
+            .encode(text, false)
+            .map_err(|e| anyhow!("tokenizing trusted text failed: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The prompt text exactly as transformers' `apply_chat_template(tokenize=False)` renders it.
+    pub fn render_chat(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.template()?.render(messages, add_generation_prompt)
+    }
+
+    /// Token ids for a conversation, with media placeholders expanded.
+    ///
+    /// Every `<|image_pad|>` and `<|video_pad|>` the template emits is one media item; the
+    /// k-th such placeholder in the rendered prompt (images and videos in one sequence, in
+    /// order of appearance, which for Qwen templates is the order of `Image`/`Video` parts
+    /// across all messages) becomes `media_tokens[k]` copies of itself, as Qwen2VLProcessor
+    /// does with `grid_thw.prod() / merge_size²`. The number of placeholders must equal
+    /// `media_tokens.len()` and each count must be positive.
+    pub fn encode_chat(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        media_tokens: &[usize],
+    ) -> Result<Vec<u32>> {
+        let template = self.template()?;
+        let texts: Vec<&str> = messages
+            .iter()
+            .flat_map(|m| m.content.iter())
+            .filter_map(|p| match p {
+                ContentPart::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        let mark = sentinel_char(template.source(), &texts);
+        let rendered = template.render_with_text(messages, add_generation_prompt, &|k| {
+            format!("{mark}{k}{mark}")
+        })?;
+        let pieces = split_sentinels(&rendered, mark, texts.len())?;
+
+        // The sentinel render is only trustworthy if the template copies text verbatim
+        // (no .strip(), slicing, escaping): check against a render with the real text.
+        let real = template.render(messages, add_generation_prompt)?;
+        let mut rebuilt = String::with_capacity(real.len());
+        for p in &pieces {
+            match p {
+                Piece::Template(s) => rebuilt.push_str(s),
+                Piece::Data(k) => rebuilt.push_str(texts[*k]),
+            }
+        }
+        if rebuilt != real {
+            bail!(
+                "the chat template transforms message text instead of copying it; cannot tell data \
+                 from template, refusing to tokenize (template must insert each text part verbatim)"
+            );
+        }
+
+        let pads = self.count_pads(&pieces);
+        if pads.0 + pads.1 != media_tokens.len() {
+            bail!(
+                "the prompt has {} media placeholders ({} image, {} video) but media_tokens has {} entries",
+                pads.0 + pads.1,
+                pads.0,
+                pads.1,
+                media_tokens.len()
+            );
+        }
+        if let Some(k) = media_tokens.iter().position(|&n| n == 0) {
+            bail!("media_tokens[{k}] is 0; every image/video needs at least one token");
+        }
+
+        let mut ids = Vec::with_capacity(real.len() / 3 + media_tokens.iter().sum::<usize>());
+        let mut buf = String::new(); // plain text since the last template special token
+        let mut media = media_tokens.iter();
+        for p in &pieces {
+            let s = match p {
+                Piece::Data(k) => {
+                    buf.push_str(texts[*k]);
+                    continue;
+                }
+                Piece::Template(s) => *s,
+            };
+            let mut rest = s;
+            while let Some((at, content, id)) = self.find_added(rest) {
+                buf.push_str(&rest[..at]);
+                ids.extend(self.encode_text(&buf)?);
+                buf.clear();
+                let n = if id == self.special.image_pad || id == self.special.video_pad {
+                    *media
+                        .next()
+                        .context("media placeholder count changed while encoding")?
+                } else {
+                    1
+                };
+                ids.extend(std::iter::repeat_n(id, n));
+                rest = &rest[at + content.len()..];
+            }
+            buf.push_str(rest);
+        }
+        ids.extend(self.encode_text(&buf)?);
+        Ok(ids)
+    }
+
+    /// Decodes ids; `skip_special` drops special tokens like HF's `skip_special_tokens`.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        self.full
+            .decode(ids, skip_special)
+            .map_err(|e| anyhow!("decoding {} token ids failed: {e}", ids.len()))
+    }
+
+    /// Ids of the Qwen2-VL control tokens.
+    pub fn special(&self) -> &SpecialTokens {
+        &self.special
+    }
+
+    /// Tokens that end a generated turn: `<|im_end|>` and `<|endoftext|>`.
+    pub fn stop_token_ids(&self) -> Vec<u32> {
+        vec![self.special.im_end, self.special.endoftext]
+    }
+
+    /// Size of the tokenizer's vocabulary including added tokens (151,657 for the real Qwen2-VL
+    /// one). The model's embedding table is usually larger (padded, e.g. 151,936).
+    pub fn vocab_size(&self) -> usize {
+        self.full.get_vocab_size(true)
+    }
+
+    /// The underlying HF tokenizer (specials recognised); for inspection only.
+    pub fn inner(&self) -> &Tokenizer {
+        &self.full
+    }
+
+    fn template(&self) -> Result<&ChatTemplate> {
+        self.template.as_ref().context(
+            "this tokenizer has no chat template (none in chat_template.jinja, chat_template.json \
+             or tokenizer_config.json); set one with set_chat_template",
+        )
+    }
+
+    /// Leftmost added-token occurrence in `s`, longest on ties: (byte offset, content, id).
+    fn find_added<'s>(&'s self, s: &str) -> Option<(usize, &'s str, u32)> {
+        let mut best: Option<(usize, &str, u32)> = None;
+        for (content, id) in &self.added {
+            if let Some(at) = s.find(content.as_str()) {
+                // `added` is sorted longest first, so a strict `<` keeps the longest on ties.
+                if best.is_none_or(|(b, _, _)| at < b) {
+                    best = Some((at, content.as_str(), *id));
+                }
+            }
+        }
+        best
+    }
+
+    /// (image, video) placeholders in the template pieces.
+    fn count_pads(&self, pieces: &[Piece]) -> (usize, usize) {
+        let (mut img, mut vid) = (0, 0);
+        for p in pieces {
+            if let Piece::Template(s) = p {
+                let mut rest = *s;
+                while let Some((at, content, id)) = self.find_added(rest) {
+                    img += (id == self.special.image_pad) as usize;
+                    vid += (id == self.special.video_pad) as usize;
+                    rest = &rest[at + content.len()..];
+                }
+            }
+        }
+        (img, vid)
+    }
+}
+
+/// A private-use character found in neither the template nor any text, so that every
+/// occurrence in the rendered prompt is ours.
+fn sentinel_char(template: &str, texts: &[&str]) -> char {
+    // Plane-15 private use: U+F0000..=U+FFFFD. Texts are finite, so one is always free.
+    (0xF0000u32..=0xFFFFD)
+        .filter_map(char::from_u32)
+        .find(|c| !template.contains(*c) && texts.iter().all(|t| !t.contains(*c)))
+        .unwrap_or('\u{FFFFD}')
+}
+
+/// Splits `mark k mark` sentinels out of a rendered prompt.
+fn split_sentinels(rendered: &str, mark: char, n_texts: usize) -> Result<Vec<Piece<'_>>> {
+    let mut pieces = Vec::new();
+    let mut rest = rendered;
+    while let Some(start) = rest.find(mark) {
+        let after = &rest[start + mark.len_utf8()..];
+        let end = after
+            .find(mark)
+            .context("chat template cut a text sentinel in half")?;
+        let k: usize = after[..end]
+            .parse()
+            .context("chat template altered a text sentinel")?;
+        if k >= n_texts {
+            bail!("chat template produced an unknown text sentinel {k}");
+        }
+        if start > 0 {
+            pieces.push(Piece::Template(&rest[..start]));
+        }
+        pieces.push(Piece::Data(k));
+        rest = &after[end + mark.len_utf8()..];
+    }
+    if !rest.is_empty() {
+        pieces.push(Piece::Template(rest));
+    }
+    Ok(pieces)
+}
