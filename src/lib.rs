@@ -12,6 +12,8 @@ pub mod config;
 pub mod generate;
 pub mod hub;
 pub mod models;
+pub mod runtime;
+
 pub mod tokenizer;
 pub mod vision;
 pub mod weights;
