@@ -126,7 +126,8 @@ mod decode {
                     }
                     n += 1;
                 }
-                Err(video_rs::Error::DecodeExhausted) => break,
+                // End of stream surfaces as either variant depending on the drain path.
+                Err(video_rs::Error::DecodeExhausted | video_rs::Error::ReadExhausted) => break,
                 Err(e) => {
                     return Err(e)
                         .with_context(|| format!("decoding frame {n} of video {}", path.display()))
