@@ -1,1 +1,17 @@
+//! HF-equal image/video preprocessing for Qwen2-VL / Qwen2.5-VL.
+//!
+//! - `resize`: bit-exact Pillow 8-bit bicubic resampling (HF resizes through PIL).
+//! - `preprocess`: config, `smart_resize`, rescale/normalise and patchify into `Patches`.
+//! - `media`: image decoding and video frame sampling (ffmpeg, behind the `video` feature).
 
+pub mod media;
+pub mod preprocess;
+pub mod resize;
+
+pub use media::{load_image, sample_indices, VideoFrames};
+#[cfg(feature = "video")]
+pub use media::{load_video_frames, load_video_frames_with_factor};
+pub use preprocess::{
+    preprocess_image, preprocess_video, smart_resize, Patches, PreprocessorConfig,
+};
+pub use resize::resize_bicubic;

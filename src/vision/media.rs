@@ -1,0 +1,191 @@
+//! Loading images and sampling video frames from disk. Every error names the file involved.
+
+use std::path::Path;
+
+use anyhow::{bail, ensure, Context, Result};
+use image::RgbImage;
+
+/// Decode an image file (png/jpeg/webp/bmp) into 8-bit RGB, like HF's `convert_to_rgb`.
+pub fn load_image(path: &Path) -> Result<RgbImage> {
+    ensure!(path.exists(), "image file {} does not exist", path.display());
+    let reader = image::ImageReader::open(path)
+        .with_context(|| format!("opening image {}", path.display()))?
+        // Sniff the format from content, so a misnamed file still decodes (PIL does the same).
+        .with_guessed_format()
+        .with_context(|| format!("reading image {}", path.display()))?;
+    let img = reader.decode().with_context(|| format!("decoding image {}", path.display()))?;
+    ensure!(
+        img.width() > 0 && img.height() > 0,
+        "image {} is empty ({}x{})",
+        path.display(),
+        img.width(),
+        img.height()
+    );
+    // NOTE: PIL's RGBA→RGB conversion drops alpha without compositing; `to_rgb8` does the same.
+    Ok(img.to_rgb8())
+}
+
+/// Frames sampled from a video plus the timing the model needs.
+#[derive(Clone, Debug)]
+pub struct VideoFrames {
+    pub frames: Vec<RgbImage>,
+    /// Frames per second actually sampled: `frames.len() / duration`. Qwen2.5-VL's
+    /// `second_per_grid_ts` is `temporal_patch_size / fps`.
+    pub fps: f32,
+    /// Native frame rate reported by the container.
+    pub source_fps: f32,
+    /// Frames decoded from the stream.
+    pub total_frames: usize,
+    /// Source index of each sampled frame.
+    pub indices: Vec<usize>,
+}
+
+/// Which source frames to keep, following HF `Qwen2VLVideoProcessor.sample_frames` with
+/// `min_frames = frame_factor`: `n = total / source_fps * fps` clamped to
+/// `[frame_factor, min(max_frames, total)]`, floored to a multiple of `frame_factor`, then indices
+/// `arange(0, total, total / n)` truncated to int.
+pub fn sample_indices(
+    total: usize,
+    source_fps: f64,
+    fps: f64,
+    frame_factor: usize,
+    max_frames: usize,
+) -> Result<Vec<usize>> {
+    ensure!(frame_factor > 0, "frame_factor must be > 0");
+    ensure!(fps > 0.0 && fps.is_finite(), "sampling fps must be positive, got {fps}");
+    ensure!(source_fps > 0.0 && source_fps.is_finite(), "video frame rate is unknown ({source_fps})");
+    ensure!(
+        total >= frame_factor,
+        "video has {total} frames, fewer than the {frame_factor} needed for one temporal patch"
+    );
+    let cap = (max_frames.min(total) / frame_factor) * frame_factor;
+    ensure!(
+        cap >= frame_factor,
+        "max_frames={max_frames} leaves fewer than {frame_factor} frames to sample"
+    );
+    let wanted = total as f64 / source_fps * fps;
+    let n = wanted.max(frame_factor as f64).min(cap as f64);
+    let n = ((n / frame_factor as f64).floor() as usize) * frame_factor;
+    let step = total as f64 / n as f64;
+    // torch.arange(0, total, step) in float32, then `.int()` (truncation).
+    let count = (total as f64 / step).ceil() as usize;
+    Ok((0..count).map(|i| ((i as f64 * step) as f32) as usize).filter(|&i| i < total).collect())
+}
+
+#[cfg(feature = "video")]
+mod decode {
+    use super::*;
+    use video_rs::ffmpeg;
+
+    /// Initialise ffmpeg once; repeated init is harmless but wasteful.
+    fn init() -> Result<()> {
+        static INIT: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
+        INIT.get_or_init(|| video_rs::init().map_err(|e| e.to_string()))
+            .clone()
+            .map_err(|e| anyhow::anyhow!("initialising ffmpeg: {e}"))
+    }
+
+    /// Copy an RGB24 ffmpeg frame (rows may be padded to `stride`) into an `RgbImage`.
+    fn to_rgb(frame: &ffmpeg::util::frame::Video) -> Result<RgbImage> {
+        let (w, h) = (frame.width() as usize, frame.height() as usize);
+        ensure!(
+            frame.format() == ffmpeg::format::Pixel::RGB24,
+            "decoder produced {:?}, expected RGB24",
+            frame.format()
+        );
+        let stride = frame.stride(0);
+        let data = frame.data(0);
+        ensure!(w > 0 && h > 0 && stride >= w * 3, "decoded frame is malformed ({w}x{h})");
+        ensure!(data.len() >= (h - 1) * stride + w * 3, "decoded frame buffer is short");
+        let mut buf = Vec::with_capacity(w * h * 3);
+        for y in 0..h {
+            buf.extend_from_slice(&data[y * stride..y * stride + w * 3]);
+        }
+        RgbImage::from_raw(w as u32, h as u32, buf).context("decoded frame has wrong length")
+    }
+
+    /// Decode every frame, handing `(index, frame)` to `keep` and storing those it accepts.
+    /// Returns the number of frames decoded and the kept frames.
+    fn decode_all(
+        path: &Path,
+        mut keep: impl FnMut(usize) -> bool,
+    ) -> Result<(usize, Vec<RgbImage>, f32)> {
+        let mut decoder = video_rs::Decoder::new(path)
+            .with_context(|| format!("opening video {}", path.display()))?;
+        let source_fps = decoder.frame_rate();
+        let mut kept = Vec::new();
+        let mut n = 0usize;
+        loop {
+            match decoder.decode_raw() {
+                Ok(frame) => {
+                    if keep(n) {
+                        kept.push(
+                            to_rgb(&frame)
+                                .with_context(|| format!("frame {n} of video {}", path.display()))?,
+                        );
+                    }
+                    n += 1;
+                }
+                // End of stream surfaces as either variant depending on the drain path.
+                Err(video_rs::Error::DecodeExhausted | video_rs::Error::ReadExhausted) => break,
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("decoding frame {n} of video {}", path.display()))
+                }
+            }
+        }
+        Ok((n, kept, source_fps))
+    }
+
+    /// Decode `path`, sample frames uniformly at `fps` (at least `frame_factor`, at most
+    /// `max_frames`, count a multiple of `frame_factor`) and report the effective sampling fps.
+    pub fn load_video_frames_with_factor(
+        path: &Path,
+        fps: f32,
+        max_frames: usize,
+        frame_factor: usize,
+    ) -> Result<VideoFrames> {
+        ensure!(path.exists(), "video file {} does not exist", path.display());
+        init()?;
+        // Pass 1 counts frames: container frame counts are often missing or wrong, and keeping
+        // every decoded frame of a long video in memory is not an option.
+        let (total, _, source_fps) = decode_all(path, |_| false)?;
+        if total == 0 {
+            bail!("video {} contains no decodable frames", path.display());
+        }
+        let indices = sample_indices(total, source_fps as f64, fps as f64, frame_factor, max_frames)
+            .with_context(|| format!("sampling frames from video {}", path.display()))?;
+        // Pass 2 keeps only the sampled frames (indices are sorted and unique).
+        let mut want = indices.iter().copied().peekable();
+        let (total2, frames, _) = decode_all(path, |i| {
+            if want.peek() == Some(&i) {
+                want.next();
+                true
+            } else {
+                false
+            }
+        })?;
+        ensure!(
+            total2 == total && frames.len() == indices.len(),
+            "video {} decoded inconsistently ({total} then {total2} frames)",
+            path.display()
+        );
+        let duration = total as f64 / source_fps as f64;
+        Ok(VideoFrames {
+            fps: (frames.len() as f64 / duration) as f32,
+            frames,
+            source_fps,
+            total_frames: total,
+            indices,
+        })
+    }
+}
+
+#[cfg(feature = "video")]
+pub use decode::load_video_frames_with_factor;
+
+/// `load_video_frames_with_factor` with Qwen2-VL's temporal patch size of 2.
+#[cfg(feature = "video")]
+pub fn load_video_frames(path: &Path, fps: f32, max_frames: usize) -> Result<VideoFrames> {
+    load_video_frames_with_factor(path, fps, max_frames, 2)
+}

@@ -1,0 +1,347 @@
+//! HF-equal Qwen2-VL image/video preprocessing: smart_resize → PIL bicubic resize → rescale →
+//! normalise → patchify, matching `Qwen2VLImageProcessor` (the slow, PIL-based one).
+
+use std::path::Path;
+
+use anyhow::{bail, ensure, Context, Result};
+use candle_core::{Device, Tensor};
+use image::RgbImage;
+use serde::Deserialize;
+
+use super::resize::resize_bicubic;
+
+/// PIL's `Image.BICUBIC` enum value, the only resample filter we reproduce.
+const PIL_BICUBIC: u32 = 3;
+/// OpenAI CLIP normalisation constants (HF `OPENAI_CLIP_MEAN` / `OPENAI_CLIP_STD`).
+const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
+const CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
+
+/// Subset of HF `preprocessor_config.json` that affects pixel values and grids.
+#[derive(Deserialize, Clone, Debug)]
+#[serde(from = "RawPreprocessorConfig")]
+pub struct PreprocessorConfig {
+    pub min_pixels: usize,
+    pub max_pixels: usize,
+    pub patch_size: usize,
+    pub temporal_patch_size: usize,
+    pub merge_size: usize,
+    /// Stored as f32 because HF builds `np.array(mean, dtype=float32)` before subtracting.
+    pub image_mean: [f32; 3],
+    pub image_std: [f32; 3],
+    /// Kept f64: HF multiplies in float64 and only then casts to float32.
+    pub rescale_factor: f64,
+    pub do_resize: bool,
+    pub do_rescale: bool,
+    pub do_normalize: bool,
+    pub do_convert_rgb: bool,
+    /// PIL resample id; only bicubic (3) is supported and `validate` enforces it.
+    pub resample: u32,
+}
+
+/// `size` in newer configs: `{"shortest_edge": min_pixels, "longest_edge": max_pixels}`; some
+/// older ones wrote `{"min_pixels": .., "max_pixels": ..}` instead.
+#[derive(Deserialize, Default)]
+struct RawSize {
+    shortest_edge: Option<usize>,
+    longest_edge: Option<usize>,
+    min_pixels: Option<usize>,
+    max_pixels: Option<usize>,
+}
+
+/// Everything optional so absent keys fall back to Qwen2-VL's real defaults.
+#[derive(Deserialize, Default)]
+struct RawPreprocessorConfig {
+    min_pixels: Option<usize>,
+    max_pixels: Option<usize>,
+    size: Option<RawSize>,
+    patch_size: Option<usize>,
+    temporal_patch_size: Option<usize>,
+    merge_size: Option<usize>,
+    // f64 first, then cast: numpy also goes Python float (f64) → float32.
+    image_mean: Option<[f64; 3]>,
+    image_std: Option<[f64; 3]>,
+    rescale_factor: Option<f64>,
+    do_resize: Option<bool>,
+    do_rescale: Option<bool>,
+    do_normalize: Option<bool>,
+    do_convert_rgb: Option<bool>,
+    resample: Option<u32>,
+}
+
+impl From<RawPreprocessorConfig> for PreprocessorConfig {
+    fn from(r: RawPreprocessorConfig) -> Self {
+        let size = r.size.unwrap_or_default();
+        // HF: explicit min_pixels/max_pixels override `size`, which overrides the defaults.
+        let min_pixels = r.min_pixels.or(size.shortest_edge).or(size.min_pixels).unwrap_or(56 * 56);
+        let max_pixels =
+            r.max_pixels.or(size.longest_edge).or(size.max_pixels).unwrap_or(28 * 28 * 1280);
+        let f32x3 = |v: [f64; 3]| v.map(|x| x as f32);
+        PreprocessorConfig {
+            min_pixels,
+            max_pixels,
+            patch_size: r.patch_size.unwrap_or(14),
+            temporal_patch_size: r.temporal_patch_size.unwrap_or(2),
+            merge_size: r.merge_size.unwrap_or(2),
+            image_mean: f32x3(r.image_mean.unwrap_or(CLIP_MEAN)),
+            image_std: f32x3(r.image_std.unwrap_or(CLIP_STD)),
+            rescale_factor: r.rescale_factor.unwrap_or(1.0 / 255.0),
+            do_resize: r.do_resize.unwrap_or(true),
+            do_rescale: r.do_rescale.unwrap_or(true),
+            do_normalize: r.do_normalize.unwrap_or(true),
+            do_convert_rgb: r.do_convert_rgb.unwrap_or(true),
+            resample: r.resample.unwrap_or(PIL_BICUBIC),
+        }
+    }
+}
+
+impl Default for PreprocessorConfig {
+    fn default() -> Self {
+        RawPreprocessorConfig::default().into()
+    }
+}
+
+impl PreprocessorConfig {
+    /// Parse and validate a `preprocessor_config.json`.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading preprocessor config {}", path.display()))?;
+        let cfg: Self = serde_json::from_str(&text)
+            .with_context(|| format!("parsing preprocessor config {}", path.display()))?;
+        cfg.validate().with_context(|| format!("invalid preprocessor config {}", path.display()))?;
+        Ok(cfg)
+    }
+
+    /// Spatial alignment of resized images: one merged token covers `factor` pixels per side.
+    pub fn factor(&self) -> usize {
+        self.patch_size * self.merge_size
+    }
+
+    /// Reject values that would make patchify divide by zero or silently differ from HF.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(self.patch_size > 0, "patch_size must be > 0");
+        ensure!(self.merge_size > 0, "merge_size must be > 0");
+        ensure!(self.temporal_patch_size > 0, "temporal_patch_size must be > 0");
+        ensure!(
+            self.min_pixels <= self.max_pixels,
+            "min_pixels ({}) exceeds max_pixels ({})",
+            self.min_pixels,
+            self.max_pixels
+        );
+        ensure!(
+            self.resample == PIL_BICUBIC,
+            "resample={} unsupported: only PIL bicubic (3) is implemented",
+            self.resample
+        );
+        ensure!(
+            self.image_std.iter().all(|s| *s != 0.0),
+            "image_std {:?} contains zero",
+            self.image_std
+        );
+        Ok(())
+    }
+}
+
+/// Python's `round()`: half to even (e.g. round(2.5) == 2), unlike Rust's `f64::round`.
+fn py_round(x: f64) -> f64 {
+    x.round_ties_even()
+}
+
+/// Target (height, width) exactly as HF `smart_resize`: both multiples of `factor`, pixel count in
+/// `[min_pixels, max_pixels]`, aspect ratio kept as well as possible.
+pub fn smart_resize(
+    height: usize,
+    width: usize,
+    factor: usize,
+    min_pixels: usize,
+    max_pixels: usize,
+) -> Result<(usize, usize)> {
+    ensure!(factor > 0, "smart_resize: factor must be > 0");
+    // HF 4.57 has no "smaller than factor" check (tiny images are upscaled to min_pixels);
+    // a zero side would be a ZeroDivisionError there, so it is our only size error.
+    if height == 0 || width == 0 {
+        bail!("smart_resize: image is empty ({height}x{width})");
+    }
+    let (h, w, f) = (height as f64, width as f64, factor as f64);
+    // Float ratio, as HF computes it (a ratio of exactly 200 is allowed).
+    let ratio = h.max(w) / h.min(w);
+    if ratio > 200.0 {
+        bail!("smart_resize: absolute aspect ratio must be at most 200, got {height}x{width} ({ratio:.2})");
+    }
+    let mut h_bar = py_round(h / f) * f;
+    let mut w_bar = py_round(w / f) * f;
+    if h_bar * w_bar > max_pixels as f64 {
+        let beta = ((h * w) / max_pixels as f64).sqrt();
+        // Newer HF clamps to at least one factor so extreme ratios cannot produce a zero side.
+        h_bar = f.max((h / beta / f).floor() * f);
+        w_bar = f.max((w / beta / f).floor() * f);
+    } else if h_bar * w_bar < min_pixels as f64 {
+        let beta = (min_pixels as f64 / (h * w)).sqrt();
+        h_bar = (h * beta / f).ceil() * f;
+        w_bar = (w * beta / f).ceil() * f;
+    }
+    // Only reachable with min_pixels == 0 and a side rounding to 0; HF would crash later.
+    ensure!(
+        h_bar >= f && w_bar >= f,
+        "smart_resize: {height}x{width} maps to an empty {h_bar}x{w_bar} grid (min_pixels={min_pixels})"
+    );
+    Ok((h_bar as usize, w_bar as usize))
+}
+
+/// Flattened patches for one image or video, ready for the vision tower.
+#[derive(Clone, Debug)]
+pub struct Patches {
+    /// Row-major `[t*h*w, C*T*P*P]` in HF's flatten order.
+    pub data: Vec<f32>,
+    pub grid_thw: [usize; 3],
+    pub patch_dim: usize,
+}
+
+impl Patches {
+    pub fn num_patches(&self) -> usize {
+        self.grid_thw.iter().product()
+    }
+
+    /// LLM placeholder tokens: `merge x merge` patches fold into one token.
+    pub fn num_merged_tokens(&self, merge: usize) -> usize {
+        self.num_patches() / (merge * merge).max(1)
+    }
+
+    /// `[num_patches, patch_dim]` f32 tensor on `device`.
+    pub fn to_tensor(&self, device: &Device) -> Result<Tensor> {
+        Tensor::from_slice(&self.data, (self.num_patches(), self.patch_dim), device)
+            .context("building pixel_values tensor from patches")
+    }
+}
+
+/// uint8 HWC frame → f32 CHW after HF's rescale and normalise. Order and precision follow
+/// `image_transforms.rescale` (float64 multiply, cast to float32) and `normalize`
+/// (`(x - mean) / std` in float32).
+fn normalize_chw(img: &RgbImage, cfg: &PreprocessorConfig) -> Vec<f32> {
+    let (w, h) = (img.width() as usize, img.height() as usize);
+    let plane = w * h;
+    let mut out = vec![0f32; 3 * plane];
+    // Per-value lookup: at most 256 inputs per channel, so precompute them.
+    let mut lut = [[0f32; 256]; 3];
+    for (c, table) in lut.iter_mut().enumerate() {
+        for (v, slot) in table.iter_mut().enumerate() {
+            let mut x = if cfg.do_rescale { (v as f64 * cfg.rescale_factor) as f32 } else { v as f32 };
+            if cfg.do_normalize {
+                x = (x - cfg.image_mean[c]) / cfg.image_std[c];
+            }
+            *slot = x;
+        }
+    }
+    for (i, px) in img.as_raw().chunks_exact(3).enumerate() {
+        for c in 0..3 {
+            out[c * plane + i] = lut[c][px[c] as usize];
+        }
+    }
+    out
+}
+
+/// Resize (if configured) one frame to `(height, width)`.
+fn resize_frame(img: &RgbImage, height: usize, width: usize) -> Result<RgbImage> {
+    resize_bicubic(img, width, height)
+}
+
+/// Target size for frames of `height x width` under `cfg`.
+fn target_size(height: usize, width: usize, cfg: &PreprocessorConfig) -> Result<(usize, usize)> {
+    if !cfg.do_resize {
+        let f = cfg.factor();
+        ensure!(
+            height % f == 0 && width % f == 0,
+            "do_resize=false but image {height}x{width} is not a multiple of patch_size*merge_size={f}"
+        );
+        return Ok((height, width));
+    }
+    smart_resize(height, width, cfg.factor(), cfg.min_pixels, cfg.max_pixels)
+}
+
+/// Patchify normalised CHW frames (count a multiple of T) into HF's order: reshape to
+/// `(gt, T, C, gh/m, m, P, gw/m, m, P)` and permute to `(gt, gh/m, gw/m, m, m, C, T, P, P)`.
+fn patchify(frames: &[Vec<f32>], height: usize, width: usize, cfg: &PreprocessorConfig) -> Patches {
+    let (p, m, tp) = (cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size);
+    let (gt, gh, gw) = (frames.len() / tp, height / p, width / p);
+    let channels = 3;
+    let patch_dim = channels * tp * p * p;
+    let plane = height * width;
+    let mut data = Vec::with_capacity(gt * gh * gw * patch_dim);
+    for t0 in 0..gt {
+        for bh in 0..gh / m {
+            for bw in 0..gw / m {
+                for mh in 0..m {
+                    for mw in 0..m {
+                        let y0 = (bh * m + mh) * p;
+                        let x0 = (bw * m + mw) * p;
+                        for c in 0..channels {
+                            for t in 0..tp {
+                                let frame = &frames[t0 * tp + t];
+                                for py in 0..p {
+                                    let start = c * plane + (y0 + py) * width + x0;
+                                    data.extend_from_slice(&frame[start..start + p]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Patches { data, grid_thw: [gt, gh, gw], patch_dim }
+}
+
+/// Shared path for images (one frame repeated T times) and videos.
+fn preprocess_frames(frames: &[&RgbImage], cfg: &PreprocessorConfig, what: &str) -> Result<Patches> {
+    cfg.validate().context("invalid preprocessor config")?;
+    let first = frames.first().with_context(|| format!("{what}: no frames given"))?;
+    let (w, h) = (first.width() as usize, first.height() as usize);
+    ensure!(w > 0 && h > 0, "{what}: frame is empty ({w}x{h})");
+    for (i, f) in frames.iter().enumerate() {
+        ensure!(
+            f.width() as usize == w && f.height() as usize == h,
+            "{what}: frame {i} is {}x{} but frame 0 is {w}x{h}; all frames must match",
+            f.width(),
+            f.height()
+        );
+    }
+    let (rh, rw) = target_size(h, w, cfg).with_context(|| format!("{what}: sizing {w}x{h}"))?;
+    // Every frame is resized and normalised independently, like HF's per-image loop.
+    let normalized = frames
+        .iter()
+        .map(|f| -> Result<Vec<f32>> {
+            let resized = resize_frame(f, rh, rw)?;
+            Ok(normalize_chw(&resized, cfg))
+        })
+        .collect::<Result<Vec<_>>>()
+        .with_context(|| format!("{what}: resizing {w}x{h} to {rw}x{rh}"))?;
+    let tp = cfg.temporal_patch_size;
+    let mut padded: Vec<Vec<f32>> = normalized;
+    if padded.len() == 1 {
+        // A still image is repeated along time to fill one temporal patch.
+        let only = padded[0].clone();
+        padded.resize(tp, only);
+    } else {
+        // Videos: repeat the last frame up to a multiple of T (HF pads the same way).
+        let rem = padded.len() % tp;
+        if rem != 0 {
+            let last = padded.last().cloned().expect("non-empty");
+            padded.extend(std::iter::repeat_n(last, tp - rem));
+        }
+    }
+    Ok(patchify(&padded, rh, rw, cfg))
+}
+
+/// Preprocess one RGB image into patches with `grid_thw = [1, h/P, w/P]`.
+pub fn preprocess_image(img: &RgbImage, cfg: &PreprocessorConfig) -> Result<Patches> {
+    preprocess_frames(&[img], cfg, "image")
+}
+
+/// Preprocess video frames (all the same size) into patches with `grid_t = ceil(n / T)`.
+pub fn preprocess_video(frames: &[RgbImage], cfg: &PreprocessorConfig) -> Result<Patches> {
+    ensure!(!frames.is_empty(), "video: no frames given");
+    let refs: Vec<&RgbImage> = frames.iter().collect();
+    // A one-frame video still goes through the video padding rule (repeat to T), which is the
+    // same result as the image rule.
+    preprocess_frames(&refs, cfg, "video")
+}
