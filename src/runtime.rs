@@ -1,0 +1,143 @@
+//! A loaded checkpoint ready to answer chat requests: model + tokenizer + preprocessor.
+//! This is the single-sequence path the CLI uses today; the paged engine builds on the same
+//! pieces (`prepare_request` is shared).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+
+use crate::chat::{ContentPart, Message};
+use crate::config::ModelConfig;
+use crate::generate::{generate, Generation, SamplingParams};
+use crate::hub::ModelFiles;
+use crate::models::{MediaGrid, QwenVl, VisionInput};
+use crate::tokenizer::MergTokenizer;
+use crate::vision::{self, Patches, PreprocessorConfig};
+
+/// Media for one request, in the order their placeholders appear in the messages.
+#[derive(Clone, Debug)]
+pub enum Media {
+    Image(image::RgbImage),
+    /// Frames sampled at `fps` frames per second.
+    Video { frames: Vec<image::RgbImage>, fps: f64 },
+}
+
+pub struct Runtime {
+    pub model: QwenVl,
+    pub tokenizer: MergTokenizer,
+    pub preprocessor: PreprocessorConfig,
+    pub files: Option<ModelFiles>,
+}
+
+/// A request turned into model inputs.
+pub struct PreparedRequest {
+    pub ids: Vec<u32>,
+    pub vision: VisionInput,
+}
+
+pub struct Reply {
+    pub text: String,
+    pub generation: Generation,
+}
+
+pub fn parse_device(name: &str) -> Result<Device> {
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        s if s == "cuda" || s.starts_with("cuda:") => {
+            let ord = s.strip_prefix("cuda:").map(str::parse::<usize>).transpose().context("--device cuda:N")?;
+            Device::new_cuda(ord.unwrap_or(0)).with_context(|| {
+                format!("--device {s}: CUDA is not available (build with `--features cuda` and check the driver)")
+            })
+        }
+        other => bail!("--device {other:?}: use cpu, cuda or cuda:N"),
+    }
+}
+
+impl Runtime {
+    /// Loads a checkpoint found by `hub::resolve` (repo id or local directory).
+    pub fn load(files: ModelFiles, device: &Device, dtype: Option<DType>) -> Result<Self> {
+        let cfg = ModelConfig::from_file(&files.config)?;
+        let dtype = dtype.unwrap_or_else(|| crate::weights::default_dtype(device));
+        let model = QwenVl::load(&cfg, &files.weights, dtype, device)
+            .with_context(|| format!("loading model {}", files.source))?;
+        let tokenizer = MergTokenizer::from_dir(&files.dir)?;
+        let preprocessor = match &files.preprocessor_config {
+            Some(p) => PreprocessorConfig::from_file(p)?,
+            None => PreprocessorConfig::default(),
+        };
+        Ok(Runtime { model, tokenizer, preprocessor, files: Some(files) })
+    }
+
+    /// Tokenizes the messages (placeholders expanded to each item's merged-token count) and
+    /// preprocesses the media into patch tensors.
+    pub fn prepare_request(&self, messages: &[Message], media: &[Media]) -> Result<PreparedRequest> {
+        let placeholders = messages
+            .iter()
+            .flat_map(|m| m.content.iter())
+            .filter(|c| matches!(c, ContentPart::Image | ContentPart::Video))
+            .count();
+        if placeholders != media.len() {
+            bail!("the messages reference {placeholders} images/videos but {} were given", media.len());
+        }
+        let merge = self.model.cfg.vision.spatial_merge_size;
+        let mut image_patches: Vec<Patches> = vec![];
+        let mut video_patches: Vec<Patches> = vec![];
+        let mut grids = vec![];
+        let mut tokens_per_item = vec![];
+        for m in media {
+            let (p, is_video, secs) = match m {
+                Media::Image(img) => (vision::preprocess_image(img, &self.preprocessor)?, false, 0.0),
+                Media::Video { frames, fps } => {
+                    let p = vision::preprocess_video(frames, &self.preprocessor)?;
+                    (p, true, self.preprocessor.temporal_patch_size as f64 / fps)
+                }
+            };
+            tokens_per_item.push(p.num_merged_tokens(merge));
+            grids.push(MediaGrid { thw: p.grid_thw, is_video, second_per_grid: secs });
+            if is_video { video_patches.push(p) } else { image_patches.push(p) }
+        }
+        let ids = self.tokenizer.encode_chat(messages, true, &tokens_per_item)?;
+        let dev = self.model.device();
+        let cat = |ps: &[Patches]| -> Result<Option<Tensor>> {
+            if ps.is_empty() {
+                return Ok(None);
+            }
+            let ts = ps.iter().map(|p| p.to_tensor(dev)).collect::<Result<Vec<_>>>()?;
+            Ok(Some(Tensor::cat(&ts, 0)?))
+        };
+        let vision = VisionInput { image_patches: cat(&image_patches)?, video_patches: cat(&video_patches)?, media: grids };
+        Ok(PreparedRequest { ids, vision })
+    }
+
+    pub fn chat(&self, messages: &[Message], media: &[Media], params: &SamplingParams, max_context: Option<usize>) -> Result<Reply> {
+        let req = self.prepare_request(messages, media)?;
+        let mut params = params.clone();
+        if params.stop_token_ids.is_empty() {
+            params.stop_token_ids = self.tokenizer.stop_token_ids();
+        }
+        let generation = generate(&self.model, &req.ids, &req.vision, &params, max_context)?;
+        let text = self.tokenizer.decode(&generation.tokens, true)?;
+        Ok(Reply { text, generation })
+    }
+}
+
+/// Loads media files named on the command line; videos are sampled at `fps`.
+pub fn load_media(images: &[PathBuf], video: Option<&PathBuf>, fps: f64, max_frames: usize) -> Result<Vec<Media>> {
+    let mut out: Vec<Media> = images.iter().map(|p| vision::load_image(p).map(Media::Image)).collect::<Result<_>>()?;
+    if let Some(v) = video {
+        out.push(load_video(v, fps, max_frames)?);
+    }
+    Ok(out)
+}
+
+#[cfg(feature = "video")]
+fn load_video(path: &std::path::Path, fps: f64, max_frames: usize) -> Result<Media> {
+    let v = vision::load_video_frames(path, fps as f32, max_frames)?;
+    Ok(Media::Video { frames: v.frames, fps: v.fps as f64 })
+}
+
+#[cfg(not(feature = "video"))]
+fn load_video(path: &std::path::Path, _fps: f64, _max_frames: usize) -> Result<Media> {
+    bail!("{}: this merg was built without the `video` feature; pass keyframes as images", path.display())
+}
