@@ -1,0 +1,66 @@
+//! Files to tokens through the public runtime: HF-format messages and the media files go
+//! through hub resolution, the chat template, preprocessing and the model, and must give
+//! transformers' input ids, pixel values and greedy continuation.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use common::*;
+use merg::chat::messages_from_hf_json;
+use merg::generate::{generate, SamplingParams};
+use merg::runtime::{Media, Runtime};
+
+fn media_of(meta: &serde_json::Value) -> Vec<Media> {
+    let dir = fixtures().join("media");
+    let load = |f: &serde_json::Value| merg::vision::load_image(&dir.join(f.as_str().unwrap())).unwrap();
+    let mut out = vec![];
+    for m in meta["messages"].as_array().unwrap() {
+        let Some(parts) = m["content"].as_array() else { continue };
+        for p in parts {
+            if let Some(img) = p.get("image") {
+                out.push(Media::Image(load(img)));
+            } else if let Some(frames) = p.get("video") {
+                let frames = frames.as_array().unwrap().iter().map(load).collect();
+                out.push(Media::Video { frames, fps: meta["fps"].as_f64().unwrap() });
+            }
+        }
+    }
+    out
+}
+
+fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar().unwrap()
+}
+
+fn check(family: &str) {
+    let files = merg::hub::resolve(tiny_dir(family).to_str().unwrap(), None).unwrap();
+    let rt = Runtime::load(files, &Device::Cpu, Some(DType::F32)).unwrap();
+    for case in ["text", "image", "two_images", "video"] {
+        let (g, meta) = golden(family, case);
+        let messages = messages_from_hf_json(&meta["messages"]).unwrap();
+        let req = rt.prepare_request(&messages, &media_of(&meta)).unwrap();
+        let want: Vec<u32> = ids_i64(&g["input_ids"]).iter().map(|&x| x as u32).collect();
+        assert_eq!(req.ids, want, "{family}/{case}: input ids");
+        for (ours, theirs) in [(&req.vision.image_patches, "pixel_values"), (&req.vision.video_patches, "pixel_values_videos")] {
+            match (ours, g.get(theirs)) {
+                (Some(a), Some(b)) => assert!(max_abs(a, b) <= 1e-5, "{family}/{case}: {theirs} differ"),
+                (None, None) => {}
+                _ => panic!("{family}/{case}: {theirs} present on one side only"),
+            }
+        }
+        let params = SamplingParams { max_new_tokens: 32, ..Default::default() };
+        let out = generate(&rt.model, &req.ids, &req.vision, &params, None).unwrap();
+        let want: Vec<u32> = ids_i64(&g["greedy_ids"]).iter().map(|&x| x as u32).collect();
+        assert_eq!(out.tokens, want, "{family}/{case}: greedy ids");
+    }
+}
+
+#[test]
+fn qwen2_vl_files_to_tokens() {
+    check("qwen2_vl");
+}
+
+#[test]
+fn qwen2_5_vl_files_to_tokens() {
+    check("qwen2_5_vl");
+}
