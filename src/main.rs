@@ -227,8 +227,10 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     if a.prompt_tokens == 0 || a.prompt_tokens + a.decode_tokens >= cfg.text.max_position_embeddings {
         anyhow::bail!("--prompt-tokens must be ≥ 1 and prompt + decode must fit the context ({})", cfg.text.max_position_embeddings);
     }
-    // Token ids below any special token; content does not matter for speed.
-    let ids: Vec<u32> = (0..a.prompt_tokens as u32).map(|i| (i * 7919) % 1000 + 100).collect();
+    // Ordinary token ids below the vision specials (content does not matter for speed, but a
+    // placeholder id would demand image features).
+    let hi = cfg.vision_start_token_id.min(cfg.text.vocab_size as u32).max(2);
+    let ids: Vec<u32> = (0..a.prompt_tokens as u32).map(|i| 1 + (i * 7919) % (hi - 1)).collect();
     let vision = merg::models::VisionInput::default();
     let sync = |d: &candle_core::Device| d.synchronize().context("device sync");
     let t0 = Instant::now();

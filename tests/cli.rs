@@ -1,0 +1,131 @@
+//! The `merg` binary: a real run on the tiny checkpoint, and bad input that must end with a
+//! clear message and a non-zero exit, never a panic.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::*;
+
+fn merg(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_merg")).args(args).env("HF_HUB_OFFLINE", "1").output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts a clean failure whose message contains every `needle`.
+fn fails_with(o: &Output, needles: &[&str]) {
+    let e = stderr(o);
+    assert!(!o.status.success(), "expected failure, got success: {e}");
+    assert!(!e.contains("panicked"), "panicked: {e}");
+    for n in needles {
+        assert!(e.contains(n), "missing {n:?} in: {e}");
+    }
+}
+
+fn media(name: &str) -> String {
+    fixtures().join("media").join(name).to_string_lossy().into_owned()
+}
+
+fn model(family: &str) -> String {
+    tiny_dir(family).to_string_lossy().into_owned()
+}
+
+#[test]
+fn generate_json_with_image_is_deterministic_for_a_seed() {
+    let m = model("qwen2_5_vl");
+    let img = media("img_a.png");
+    let args = ["generate", "--model", &m, "--image", &img, "--prompt", "How does she feel?", "--max-new-tokens", "8",
+        "--temperature", "0.8", "--top-p", "0.9", "--seed", "3", "--json"];
+    let a = merg(&args);
+    assert!(a.status.success(), "{}", stderr(&a));
+    let rec: serde_json::Value = serde_json::from_slice(&a.stdout).unwrap();
+    let n = rec["tokens"].as_array().unwrap().len();
+    assert!((1..=8).contains(&n));
+    assert_eq!(rec["logprobs"].as_array().unwrap().len(), n);
+    assert!(rec["prompt_tokens"].as_u64().unwrap() > 40, "image tokens are in the prompt");
+    assert_eq!(a.stdout, merg(&args).stdout, "same seed, same output");
+}
+
+#[cfg(feature = "video")]
+#[test]
+fn generate_with_mp4_video() {
+    let m = model("qwen2_vl");
+    let v = media("clip.mp4");
+    let o = merg(&["generate", "--model", &m, "--video", &v, "--prompt", "What happens?", "--max-new-tokens", "4", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn info_describes_the_checkpoint() {
+    let o = merg(&["info", "--model", &model("qwen2_vl")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("qwen2_vl") && s.contains("2 layers"), "{s}");
+}
+
+#[test]
+fn missing_image_is_named() {
+    let o = merg(&["generate", "--model", &model("qwen2_vl"), "--image", "/nonexistent/face.png", "--prompt", "hi"]);
+    fails_with(&o, &["/nonexistent/face.png"]);
+}
+
+#[test]
+fn undecodable_and_empty_images_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let junk = tmp.path().join("junk.png");
+    std::fs::write(&junk, b"definitely not a png").unwrap();
+    let o = merg(&["generate", "--model", &model("qwen2_vl"), "--image", junk.to_str().unwrap(), "--prompt", "hi"]);
+    fails_with(&o, &["junk.png"]);
+    let empty = tmp.path().join("empty.png");
+    std::fs::write(&empty, b"").unwrap();
+    let o = merg(&["generate", "--model", &model("qwen2_vl"), "--image", empty.to_str().unwrap(), "--prompt", "hi"]);
+    fails_with(&o, &["empty.png"]);
+}
+
+#[cfg(feature = "video")]
+#[test]
+fn corrupt_mp4_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("clip.mp4");
+    std::fs::write(&bad, vec![7u8; 4096]).unwrap();
+    let o = merg(&["generate", "--model", &model("qwen2_vl"), "--video", bad.to_str().unwrap(), "--prompt", "hi"]);
+    fails_with(&o, &["clip.mp4"]);
+}
+
+#[test]
+fn prompt_longer_than_context_fails_cleanly() {
+    let o = merg(&["generate", "--model", &model("qwen2_vl"), "--prompt", "hello there", "--max-context", "10"]);
+    fails_with(&o, &["context window is 10"]);
+}
+
+#[test]
+fn offline_repo_not_in_cache_explains_how_to_provide_it() {
+    let home = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_merg"))
+        .args(["info", "--model", "Qwen/Qwen2-VL-2B-Instruct"])
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HOME", home.path())
+        .env_remove("HF_HUB_CACHE")
+        .output()
+        .unwrap();
+    fails_with(&o, &["Qwen/Qwen2-VL-2B-Instruct", "config.json", "--local-dir"]);
+}
+
+#[test]
+fn unknown_device_and_dtype_are_rejected() {
+    fails_with(&merg(&["generate", "--model", &model("qwen2_vl"), "--prompt", "x", "--device", "tpu"]), &["tpu"]);
+    fails_with(&merg(&["generate", "--model", &model("qwen2_vl"), "--prompt", "x", "--dtype", "int3"]), &["int3"]);
+}
+
+#[test]
+fn bench_runs_on_dummy_weights_of_a_config() {
+    let cfg = tiny_dir("qwen2_5_vl").join("config.json");
+    let o = merg(&["bench", "--config", cfg.to_str().unwrap(), "--prompt-tokens", "16", "--decode-tokens", "4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rec: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(rec["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(rec["dummy"], true);
+}
