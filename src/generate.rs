@@ -60,6 +60,15 @@ pub struct Generation {
     pub prompt_tokens: usize,
 }
 
+/// Restricts which tokens may come next (e.g. a JSON schema). `allowed` returns a mask over the
+/// model's vocabulary (`None` = no restriction); `commit` advances it with the chosen token.
+pub trait TokenConstraint: Send {
+    fn allowed(&mut self, vocab_size: usize) -> Result<Option<Vec<bool>>>;
+    fn commit(&mut self, token: u32) -> Result<()>;
+    /// The constrained output is complete: generation ends without another token.
+    fn is_finished(&self) -> bool;
+}
+
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
@@ -73,17 +82,38 @@ impl Sampler {
 
     /// Picks the next token from f32 logits `[vocab]`; returns (token, model log-prob).
     pub fn sample(&mut self, logits: &Tensor) -> Result<(u32, f32)> {
-        let logits: Vec<f32> = logits.to_vec1()?;
-        if logits.is_empty() {
+        self.sample_masked(logits, None)
+    }
+
+    /// As `sample`, choosing only among `allowed` tokens. The log-prob stays the unmasked
+    /// model's, so perplexity means the same with and without constraints.
+    pub fn sample_masked(&mut self, logits: &Tensor, allowed: Option<&[bool]>) -> Result<(u32, f32)> {
+        let raw: Vec<f32> = logits.to_vec1()?;
+        if raw.is_empty() {
             bail!("empty logits");
         }
-        let lse = log_sum_exp(&logits);
-        let tok = if self.params.temperature == 0.0 {
-            argmax(&logits)
-        } else {
-            self.sample_filtered(&logits)
+        let lse = log_sum_exp(&raw);
+        let masked;
+        let pick_from = match allowed {
+            Some(mask) => {
+                if !mask.iter().any(|&a| a) {
+                    bail!("the output constraint allows no token");
+                }
+                masked = raw
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &x)| if mask.get(i).copied().unwrap_or(false) { x } else { f32::NEG_INFINITY })
+                    .collect::<Vec<f32>>();
+                &masked
+            }
+            None => &raw,
         };
-        Ok((tok, logits[tok as usize] - lse))
+        let tok = if self.params.temperature == 0.0 {
+            argmax(pick_from)
+        } else {
+            self.sample_filtered(pick_from)
+        };
+        Ok((tok, raw[tok as usize] - lse))
     }
 
     fn sample_filtered(&mut self, logits: &[f32]) -> u32 {
@@ -147,6 +177,18 @@ pub fn generate(
     params: &SamplingParams,
     max_context: Option<usize>,
 ) -> Result<Generation> {
+    generate_constrained(model, ids, vision, params, max_context, None)
+}
+
+/// `generate` with an optional token constraint (e.g. a JSON schema).
+pub fn generate_constrained(
+    model: &QwenVl,
+    ids: &[u32],
+    vision: &VisionInput,
+    params: &SamplingParams,
+    max_context: Option<usize>,
+    constraint: Option<&mut dyn TokenConstraint>,
+) -> Result<Generation> {
     params.validate()?;
     let ctx = max_context.unwrap_or(model.cfg.text.max_position_embeddings);
     if ids.is_empty() {
@@ -158,7 +200,7 @@ pub fn generate(
     let prefill = model.prepare(ids, vision)?;
     let mut kv = DenseKvCache::new();
     let logits = model.forward(&prefill.embeds, &prefill.positions, &mut kv, 1)?.squeeze(0)?;
-    decode_loop(model, logits, ids.len(), prefill.rope_delta, &mut kv, params, ctx)
+    decode_loop(model, logits, ids.len(), prefill.rope_delta, &mut kv, params, ctx, constraint)
 }
 
 /// Samples from `logits` (of the last prompt token) and keeps decoding on `kv`.
@@ -170,14 +212,27 @@ pub fn decode_loop(
     kv: &mut dyn AttentionBackend,
     params: &SamplingParams,
     ctx: usize,
+    mut constraint: Option<&mut dyn TokenConstraint>,
 ) -> Result<Generation> {
     let mut sampler = Sampler::new(params.clone());
+    let vocab = model.cfg.text.vocab_size;
     let mut out = Generation { tokens: vec![], logprobs: vec![], finish: FinishReason::Length, prompt_tokens: prompt_len };
     let mut past = prompt_len;
     for step in 0..params.max_new_tokens {
-        let (tok, lp) = sampler.sample(&logits)?;
+        let mask = match constraint.as_deref_mut() {
+            Some(c) => c.allowed(vocab)?,
+            None => None,
+        };
+        let (tok, lp) = sampler.sample_masked(&logits, mask.as_deref())?;
         out.tokens.push(tok);
         out.logprobs.push(lp);
+        if let Some(c) = constraint.as_deref_mut() {
+            c.commit(tok)?;
+            if c.is_finished() {
+                out.finish = FinishReason::Stop;
+                break;
+            }
+        }
         if params.stop_token_ids.contains(&tok) {
             out.finish = FinishReason::Stop;
             break;
@@ -235,6 +290,19 @@ mod tests {
         let mut s = Sampler::new(p);
         let l = logits(&[5.0, 0.0, 0.0, 0.0]); // id 0 holds > 95 % of the mass
         assert!((0..100).all(|_| s.sample(&l).unwrap().0 == 0));
+    }
+
+    #[test]
+    fn mask_restricts_choice_but_not_logprob() {
+        let mut s = Sampler::new(SamplingParams::default());
+        let l = logits(&[3.0, 1.0, 2.0]);
+        let (t, lp) = s.sample_masked(&l, Some(&[false, true, true])).unwrap();
+        assert_eq!(t, 2);
+        let expected = 2.0 - (3f32.exp() + 1f32.exp() + 2f32.exp()).ln();
+        assert!((lp - expected).abs() < 1e-6);
+        assert!(s.sample_masked(&l, Some(&[false, false, false])).is_err());
+        let mut hot = Sampler::new(SamplingParams { temperature: 1.5, seed: 4, ..Default::default() });
+        assert!((0..50).all(|_| hot.sample_masked(&l, Some(&[false, true, false])).unwrap().0 == 1));
     }
 
     #[test]
