@@ -214,22 +214,39 @@ impl Patches {
     }
 }
 
-/// uint8 HWC frame → f32 CHW after HF's rescale and normalise. Order and precision follow
-/// `image_transforms.rescale` (float64 multiply, cast to float32) and `normalize`
-/// (`(x - mean) / std` in float32).
-fn normalize_chw(img: &RgbImage, cfg: &PreprocessorConfig) -> Vec<f32> {
+/// How HF turns uint8 into normalised f32; the two processors round differently (≤2e-7 apart).
+#[derive(Clone, Copy, PartialEq)]
+enum Norm {
+    /// Slow image processor: `rescale` (float64 multiply, cast to float32), then `normalize`
+    /// (`(x - mean) / std` in float32).
+    Image,
+    /// Torch video processor: rescale fused into normalisation, `(x - mean*255) / (std*255)` with
+    /// the scaled mean/std computed in float32.
+    VideoFused,
+}
+
+/// uint8 HWC frame → normalised f32 CHW, rounding exactly as the chosen HF path does.
+fn normalize_chw(img: &RgbImage, cfg: &PreprocessorConfig, norm: Norm) -> Vec<f32> {
     let (w, h) = (img.width() as usize, img.height() as usize);
     let plane = w * h;
     let mut out = vec![0f32; 3 * plane];
     // Per-value lookup: at most 256 inputs per channel, so precompute them.
     let mut lut = [[0f32; 256]; 3];
+    let fused = norm == Norm::VideoFused && cfg.do_rescale && cfg.do_normalize;
+    let inv_scale = (1.0 / cfg.rescale_factor) as f32;
     for (c, table) in lut.iter_mut().enumerate() {
         for (v, slot) in table.iter_mut().enumerate() {
-            let mut x = if cfg.do_rescale { (v as f64 * cfg.rescale_factor) as f32 } else { v as f32 };
-            if cfg.do_normalize {
-                x = (x - cfg.image_mean[c]) / cfg.image_std[c];
-            }
-            *slot = x;
+            *slot = if fused {
+                let (m, s) = (cfg.image_mean[c] * inv_scale, cfg.image_std[c] * inv_scale);
+                (v as f32 - m) / s
+            } else {
+                let mut x =
+                    if cfg.do_rescale { (v as f64 * cfg.rescale_factor) as f32 } else { v as f32 };
+                if cfg.do_normalize {
+                    x = (x - cfg.image_mean[c]) / cfg.image_std[c];
+                }
+                x
+            };
         }
     }
     for (i, px) in img.as_raw().chunks_exact(3).enumerate() {
@@ -292,7 +309,12 @@ fn patchify(frames: &[Vec<f32>], height: usize, width: usize, cfg: &Preprocessor
 }
 
 /// Shared path for images (one frame repeated T times) and videos.
-fn preprocess_frames(frames: &[&RgbImage], cfg: &PreprocessorConfig, what: &str) -> Result<Patches> {
+fn preprocess_frames(
+    frames: &[&RgbImage],
+    cfg: &PreprocessorConfig,
+    norm: Norm,
+    what: &str,
+) -> Result<Patches> {
     cfg.validate().context("invalid preprocessor config")?;
     let first = frames.first().with_context(|| format!("{what}: no frames given"))?;
     let (w, h) = (first.width() as usize, first.height() as usize);
@@ -311,7 +333,7 @@ fn preprocess_frames(frames: &[&RgbImage], cfg: &PreprocessorConfig, what: &str)
         .iter()
         .map(|f| -> Result<Vec<f32>> {
             let resized = resize_frame(f, rh, rw)?;
-            Ok(normalize_chw(&resized, cfg))
+            Ok(normalize_chw(&resized, cfg, norm))
         })
         .collect::<Result<Vec<_>>>()
         .with_context(|| format!("{what}: resizing {w}x{h} to {rw}x{rh}"))?;
@@ -334,14 +356,16 @@ fn preprocess_frames(frames: &[&RgbImage], cfg: &PreprocessorConfig, what: &str)
 
 /// Preprocess one RGB image into patches with `grid_thw = [1, h/P, w/P]`.
 pub fn preprocess_image(img: &RgbImage, cfg: &PreprocessorConfig) -> Result<Patches> {
-    preprocess_frames(&[img], cfg, "image")
+    preprocess_frames(&[img], cfg, Norm::Image, "image")
 }
 
 /// Preprocess video frames (all the same size) into patches with `grid_t = ceil(n / T)`.
+/// Normalisation rounds like HF's torch `Qwen2VLVideoProcessor`; resizing, when the frame size
+/// needs it, is PIL bicubic (HF's video processor uses torchvision there, ±1-2 LSB apart).
 pub fn preprocess_video(frames: &[RgbImage], cfg: &PreprocessorConfig) -> Result<Patches> {
     ensure!(!frames.is_empty(), "video: no frames given");
     let refs: Vec<&RgbImage> = frames.iter().collect();
     // A one-frame video still goes through the video padding rule (repeat to T), which is the
     // same result as the image rule.
-    preprocess_frames(&refs, cfg, "video")
+    preprocess_frames(&refs, cfg, Norm::VideoFused, "video")
 }
