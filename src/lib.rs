@@ -9,6 +9,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod engine;
 pub mod generate;
 pub mod hub;
 pub mod models;

@@ -1,0 +1,1 @@
+//! Block manager (in progress).
