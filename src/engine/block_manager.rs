@@ -1,1 +1,580 @@
-//! Block manager (in progress).
+//! Block manager of the paged KV cache: pure bookkeeping of which pool blocks each sequence
+//! owns, with prefix caching (vLLM / nano-vllm style). No tensors live here.
+//!
+//! Each block is in exactly one of three states:
+//! - **free**: refcount 0, not in the hash cache, on the free list;
+//! - **evictable**: refcount 0 but registered in the hash cache (its K/V is still valid and can
+//!   be revived by a later matching prompt), kept in an LRU ordered by the time it was freed;
+//! - **used**: refcount > 0 (registered or not).
+//!
+//! Hashing: block hashes are chained (`h_i = H(h_{i-1}, block i)`) so a match on block `i`
+//! implies the whole prefix matches. `H` is `std::hash::DefaultHasher::new()` (SipHash-1-3 with
+//! zero keys): deterministic within one build, which is all we need since hashes are never
+//! persisted or shared across processes. A 64-bit collision (~2^-64 per pair) would serve wrong
+//! K/V; like nano-vllm's xxhash we accept that rather than storing and comparing block contents.
+
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hasher};
+
+pub type BlockId = u32;
+
+/// Prompt-token accounting of the prefix cache (reset with [`BlockManager::reset_stats`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CacheStats {
+    /// Prompt tokens submitted to [`BlockManager::allocate`].
+    pub prompt_tokens: u64,
+    /// Prompt tokens served from cached blocks.
+    pub cached_tokens: u64,
+    /// Prompt tokens that had to be computed (`prompt_tokens - cached_tokens`).
+    pub computed_tokens: u64,
+    /// Cached blocks dropped to make room for fresh ones.
+    pub evictions: u64,
+}
+
+/// Blocks handed to a new sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Allocation {
+    /// Block table covering the whole prompt.
+    pub table: Vec<BlockId>,
+    /// Leading prompt tokens whose K/V is already in the cache (a multiple of the block size).
+    pub num_cached_tokens: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlockError {
+    #[error("block {0} freed more times than it was referenced (double free)")]
+    DoubleFree(BlockId),
+    #[error("block {0} is not in the pool")]
+    InvalidBlock(BlockId),
+}
+
+#[derive(Clone, Debug, Default)]
+struct BlockMeta {
+    ref_count: u32,
+    /// `Some(h)` iff the block is registered in the cache under `h` (`cached[h] == id`).
+    hash: Option<u64>,
+    /// LRU key while evictable (the tick at which it reached refcount 0).
+    tick: u64,
+}
+
+pub struct BlockManager {
+    block_size: usize,
+    prefix_caching: bool,
+    blocks: Vec<BlockMeta>,
+    /// Unregistered refcount-0 blocks; a stack, initially ordered so block 0 is handed out first.
+    free: Vec<BlockId>,
+    /// Registered refcount-0 blocks by free tick: first entry = least recently freed.
+    evictable: BTreeMap<u64, BlockId>,
+    cached: HashMap<u64, BlockId>,
+    next_tick: u64,
+    stats: CacheStats,
+}
+
+impl BlockManager {
+    /// A `block_size` of 0 is treated as 1 (a zero-slot block cannot hold anything).
+    pub fn new(num_blocks: usize, block_size: usize, prefix_caching: bool) -> Self {
+        // BlockId is u32: a larger pool could not be addressed.
+        let num_blocks = num_blocks.min(BlockId::MAX as usize);
+        Self {
+            block_size: block_size.max(1),
+            prefix_caching,
+            blocks: vec![BlockMeta::default(); num_blocks],
+            free: (0..num_blocks as BlockId).rev().collect(),
+            evictable: BTreeMap::new(),
+            cached: HashMap::new(),
+            next_tick: 0,
+            stats: CacheStats::default(),
+        }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
+    }
+
+    /// Blocks that can be handed out now: free ones plus evictable cached ones.
+    pub fn num_available(&self) -> usize {
+        self.free.len() + self.evictable.len()
+    }
+
+    /// The hash a block is registered under in the prefix cache, if any (for tests/debugging).
+    pub fn cached_hash(&self, id: BlockId) -> Option<u64> {
+        self.blocks.get(id as usize).and_then(|b| b.hash)
+    }
+
+    /// Reference count of a block (None if out of range).
+    pub fn ref_count(&self, id: BlockId) -> Option<u32> {
+        self.blocks.get(id as usize).map(|b| b.ref_count)
+    }
+
+    /// Chained content hashes of the full blocks of `tokens`. `extra[j]` is a per-token key
+    /// (0 = none), e.g. the hash of the image token `j` stands for, so equal placeholder ids with
+    /// different images never match. A shorter `extra` is padded with 0 (so `&[]` = no keys).
+    pub fn block_hashes(&self, tokens: &[u32], extra: &[u64]) -> Vec<u64> {
+        self.hashes_from(tokens, extra, 0, tokens.len() / self.block_size, 0)
+    }
+
+    /// Hashes of full blocks `first..end`, chained from `prev` (the hash of block `first - 1`,
+    /// or 0 for the first block).
+    fn hashes_from(&self, tokens: &[u32], extra: &[u64], first: usize, end: usize, mut prev: u64) -> Vec<u64> {
+        let bs = self.block_size;
+        let mut out = Vec::with_capacity(end.saturating_sub(first));
+        for i in first..end {
+            let mut h = DefaultHasher::new();
+            h.write_u64(prev);
+            for j in i * bs..(i + 1) * bs {
+                h.write_u32(tokens[j]);
+                h.write_u64(extra.get(j).copied().unwrap_or(0));
+            }
+            prev = h.finish();
+            out.push(prev);
+        }
+        out
+    }
+
+    /// Blocks for a new (or preempted-and-resumed) sequence. Reuses the longest cached prefix
+    /// chain, but at most `(len-1)/bs` blocks so at least one token is computed (its logits are
+    /// needed). None, with nothing changed, if the pool cannot supply the rest. An empty prompt
+    /// gets an empty table.
+    pub fn allocate(&mut self, tokens: &[u32], extra: &[u64]) -> Option<Allocation> {
+        let bs = self.block_size;
+        let len = tokens.len();
+        if len == 0 {
+            return Some(Allocation { table: Vec::new(), num_cached_tokens: 0 });
+        }
+        let total = len.div_ceil(bs);
+        let mut table = Vec::with_capacity(total);
+        if self.prefix_caching {
+            let max_reuse = (len - 1) / bs;
+            // Hash lazily: stop at the first miss instead of hashing the whole prompt.
+            let mut prev = 0;
+            for i in 0..max_reuse {
+                let h = self.hashes_from(tokens, extra, i, i + 1, prev)[0];
+                match self.cached.get(&h) {
+                    Some(&b) => table.push(b),
+                    None => break,
+                }
+                prev = h;
+            }
+        }
+        let matched = table.len();
+        // Reviving an evictable block takes it out of the available pool too.
+        let revived = table.iter().filter(|&&b| self.blocks[b as usize].ref_count == 0).count();
+        if (total - matched) + revived > self.num_available() {
+            return None;
+        }
+        for &b in &table {
+            let m = &mut self.blocks[b as usize];
+            if m.ref_count == 0 {
+                self.evictable.remove(&m.tick);
+            }
+            m.ref_count += 1;
+        }
+        for _ in matched..total {
+            // Checked above: cannot fail.
+            table.push(self.take_fresh()?);
+        }
+        let num_cached = matched * bs;
+        self.stats.prompt_tokens += len as u64;
+        self.stats.cached_tokens += num_cached as u64;
+        self.stats.computed_tokens += (len - num_cached) as u64;
+        Some(Allocation { table, num_cached_tokens: num_cached })
+    }
+
+    /// A never-cached free block if any, else the least recently freed evictable one.
+    fn take_fresh(&mut self) -> Option<BlockId> {
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let (_, b) = self.evictable.pop_first()?;
+                if let Some(h) = self.blocks[b as usize].hash.take() {
+                    self.cached.remove(&h);
+                }
+                self.stats.evictions += 1;
+                b
+            }
+        };
+        self.blocks[b as usize].ref_count = 1;
+        Some(b)
+    }
+
+    /// Blocks needed to grow a table from `cur_len` to `new_len` tokens.
+    pub fn blocks_needed(&self, cur_len: usize, new_len: usize) -> usize {
+        new_len.div_ceil(self.block_size).saturating_sub(cur_len.div_ceil(self.block_size))
+    }
+
+    /// Make `table` hold `new_len` tokens by appending fresh blocks. false (no change) if the pool
+    /// is short; a table already large enough is left as is.
+    pub fn grow(&mut self, table: &mut Vec<BlockId>, new_len: usize) -> bool {
+        let need = new_len.div_ceil(self.block_size).saturating_sub(table.len());
+        if need > self.num_available() {
+            return false;
+        }
+        for _ in 0..need {
+            match self.take_fresh() {
+                Some(b) => table.push(b),
+                None => return false, // unreachable: availability checked above
+            }
+        }
+        true
+    }
+
+    /// Register the full blocks of `tokens[..num_computed]` (whose K/V is now written) so later
+    /// prompts can reuse them. Only blocks this table holds a reference to are registered; a hash
+    /// already mapped to another block keeps its mapping (this block stays private and is
+    /// recycled normally). A no-op without prefix caching.
+    pub fn commit(&mut self, table: &[BlockId], tokens: &[u32], extra: &[u64], num_computed: usize) {
+        if !self.prefix_caching {
+            return;
+        }
+        let bs = self.block_size;
+        let n_full = (num_computed.min(tokens.len()) / bs).min(table.len());
+        // Resume the chain after the last block already registered: its stored hash is its chain
+        // hash, so repeated commits during decode only hash the new blocks.
+        let mut first = 0;
+        let mut prev = 0;
+        for i in (0..n_full).rev() {
+            if let Some(h) = self.blocks.get(table[i] as usize).and_then(|m| m.hash) {
+                first = i + 1;
+                prev = h;
+                break;
+            }
+        }
+        let hashes = self.hashes_from(tokens, extra, first, n_full, prev);
+        for (i, h) in (first..n_full).zip(hashes) {
+            let b = table[i];
+            let Some(m) = self.blocks.get_mut(b as usize) else { continue };
+            // A refcount-0 block is not this table's (stale table): registering it would put a
+            // free-list block into the cache.
+            if m.ref_count == 0 || m.hash.is_some() {
+                continue;
+            }
+            if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(h) {
+                e.insert(b);
+                m.hash = Some(h);
+            }
+        }
+    }
+
+    /// Drop one reference per table entry. Blocks reaching refcount 0 become evictable if they
+    /// are registered in the cache, else free. Validated first: on error nothing changes.
+    pub fn free(&mut self, table: &[BlockId]) -> Result<(), BlockError> {
+        let mut counts: HashMap<BlockId, u32> = HashMap::with_capacity(table.len());
+        for &b in table {
+            let m = self.blocks.get(b as usize).ok_or(BlockError::InvalidBlock(b))?;
+            let c = counts.entry(b).or_insert(0);
+            *c += 1;
+            if *c > m.ref_count {
+                return Err(BlockError::DoubleFree(b));
+            }
+        }
+        // Reverse order: a prompt's tail blocks get older ticks and are evicted before its head,
+        // keeping the (more shareable) prefix cached longest.
+        for &b in table.iter().rev() {
+            let m = &mut self.blocks[b as usize];
+            m.ref_count -= 1;
+            if m.ref_count == 0 {
+                if m.hash.is_some() {
+                    m.tick = self.next_tick;
+                    self.next_tick += 1;
+                    self.evictable.insert(m.tick, b);
+                } else {
+                    self.free.push(b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> &CacheStats {
+        &self.stats
+    }
+
+    pub fn reset_stats(&mut self) {
+        self.stats = CacheStats::default();
+    }
+
+    /// Checks: refcounts equal the references held by `live_tables`; free / evictable / used
+    /// partition the pool; the hash map and the per-block hashes agree both ways; stats add up.
+    pub fn check_invariants(&self, live_tables: &[&[BlockId]]) -> Result<(), String> {
+        let n = self.blocks.len();
+        let mut refs = vec![0u32; n];
+        for t in live_tables {
+            for &b in *t {
+                let r = refs.get_mut(b as usize).ok_or(format!("live table holds invalid block {b}"))?;
+                *r += 1;
+            }
+        }
+        for (i, m) in self.blocks.iter().enumerate() {
+            if m.ref_count != refs[i] {
+                return Err(format!("block {i}: refcount {} but {} live references", m.ref_count, refs[i]));
+            }
+        }
+        // 0 = used, 1 = free, 2 = evictable.
+        let mut state = vec![0u8; n];
+        for &b in &self.free {
+            let m = self.blocks.get(b as usize).ok_or(format!("free list holds invalid block {b}"))?;
+            if state[b as usize] != 0 {
+                return Err(format!("block {b} twice in free list"));
+            }
+            if m.ref_count != 0 || m.hash.is_some() {
+                return Err(format!("free block {b} has refcount {} / hash {:?}", m.ref_count, m.hash));
+            }
+            state[b as usize] = 1;
+        }
+        for (&tick, &b) in &self.evictable {
+            let m = self.blocks.get(b as usize).ok_or(format!("LRU holds invalid block {b}"))?;
+            if state[b as usize] != 0 {
+                return Err(format!("block {b} both free and evictable, or twice in LRU"));
+            }
+            if m.ref_count != 0 || m.hash.is_none() || m.tick != tick {
+                return Err(format!("evictable block {b}: refcount {}, hash {:?}, tick {} vs {tick}", m.ref_count, m.hash, m.tick));
+            }
+            state[b as usize] = 2;
+        }
+        for (i, m) in self.blocks.iter().enumerate() {
+            if m.ref_count == 0 && state[i] == 0 {
+                return Err(format!("block {i} has refcount 0 but is neither free nor evictable (leak)"));
+            }
+            if let Some(h) = m.hash {
+                if self.cached.get(&h) != Some(&(i as BlockId)) {
+                    return Err(format!("block {i} claims hash {h:#x} but the cache maps it elsewhere"));
+                }
+            }
+        }
+        for (&h, &b) in &self.cached {
+            if self.blocks.get(b as usize).and_then(|m| m.hash) != Some(h) {
+                return Err(format!("cache maps {h:#x} to block {b} whose stored hash differs"));
+            }
+        }
+        if !self.prefix_caching && !self.cached.is_empty() {
+            return Err("prefix caching is off but blocks are registered".into());
+        }
+        let s = &self.stats;
+        if s.cached_tokens + s.computed_tokens != s.prompt_tokens {
+            return Err(format!("stats do not add up: {s:?}"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(n: usize, base: u32) -> Vec<u32> {
+        (0..n as u32).map(|i| base + i).collect()
+    }
+
+    #[test]
+    fn reuse_shared_prefix() {
+        let mut bm = BlockManager::new(16, 4, true);
+        let a_toks = toks(10, 0);
+        let a = bm.allocate(&a_toks, &[]).unwrap();
+        assert_eq!(a.table.len(), 3);
+        assert_eq!(a.num_cached_tokens, 0);
+        // Nothing committed yet: an identical prompt must not match uncomputed blocks.
+        let early = bm.allocate(&a_toks, &[]).unwrap();
+        assert_eq!(early.num_cached_tokens, 0);
+        bm.free(&early.table).unwrap();
+        bm.commit(&a.table, &a_toks, &[], 10);
+        let mut b_toks = toks(8, 0);
+        b_toks.extend([100, 101, 102]);
+        let b = bm.allocate(&b_toks, &[]).unwrap();
+        assert_eq!(b.num_cached_tokens, 8);
+        assert_eq!(&b.table[..2], &a.table[..2]);
+        assert_ne!(b.table[2], a.table[2]);
+        assert_eq!(bm.ref_count(a.table[0]), Some(2));
+        bm.check_invariants(&[&a.table, &b.table]).unwrap();
+        assert_eq!(bm.stats().cached_tokens, 8);
+        assert_eq!(bm.stats().prompt_tokens, 31);
+    }
+
+    #[test]
+    fn different_extra_does_not_match() {
+        let mut bm = BlockManager::new(16, 4, true);
+        let t = vec![7u32; 9];
+        let img1 = vec![11u64; 9];
+        let img2 = vec![22u64; 9];
+        let a = bm.allocate(&t, &img1).unwrap();
+        bm.commit(&a.table, &t, &img1, 9);
+        let b = bm.allocate(&t, &img2).unwrap();
+        assert_eq!(b.num_cached_tokens, 0);
+        let c = bm.allocate(&t, &img1).unwrap();
+        assert_eq!(c.num_cached_tokens, 8);
+        assert_ne!(bm.block_hashes(&t, &img1), bm.block_hashes(&t, &img2));
+        assert_eq!(bm.block_hashes(&t, &[]), bm.block_hashes(&t, &[0; 9]));
+        bm.check_invariants(&[&a.table, &b.table, &c.table]).unwrap();
+    }
+
+    #[test]
+    fn never_all_cached() {
+        let mut bm = BlockManager::new(16, 4, true);
+        let t = toks(8, 0);
+        let a = bm.allocate(&t, &[]).unwrap();
+        bm.commit(&a.table, &t, &[], 8);
+        bm.free(&a.table).unwrap();
+        // Exactly two full blocks cached: only the first may be reused.
+        let b = bm.allocate(&t, &[]).unwrap();
+        assert_eq!(b.num_cached_tokens, 4);
+        assert_eq!(b.table.len(), 2);
+        assert_eq!(b.table[0], a.table[0]);
+        assert_ne!(b.table[1], a.table[1]);
+        bm.check_invariants(&[&b.table]).unwrap();
+    }
+
+    #[test]
+    fn eviction_is_lru_by_free_time() {
+        let mut bm = BlockManager::new(3, 2, true);
+        let (t1, t2, t3) = (vec![1, 1, 9], vec![2, 2, 9], vec![3, 3, 9]);
+        let a = bm.allocate(&t1, &[]).unwrap();
+        bm.commit(&a.table, &t1, &[], 3);
+        bm.free(&a.table).unwrap(); // block a0 evictable, a1 free
+        let b = bm.allocate(&t2, &[]).unwrap();
+        bm.commit(&b.table, &t2, &[], 3);
+        bm.free(&b.table).unwrap();
+        assert_eq!(bm.num_available(), 3);
+        // Only one never-cached block left besides the two cached ones: t3 needs 2 blocks, so
+        // the least recently freed cached block (t1's) is evicted.
+        let c = bm.allocate(&t3, &[]).unwrap();
+        assert_eq!(bm.stats().evictions, 1);
+        assert!(c.table.contains(&a.table[0]));
+        bm.free(&c.table).unwrap();
+        assert_eq!(bm.allocate(&t1, &[]).unwrap().num_cached_tokens, 0);
+        // Same pool shape, opposite free order: the most recently used prefix survives.
+        let mut bm2 = BlockManager::new(2, 2, true);
+        let a = bm2.allocate(&[1, 1], &[]).unwrap();
+        bm2.commit(&a.table, &[1, 1], &[], 2);
+        let b = bm2.allocate(&[2, 2], &[]).unwrap();
+        bm2.commit(&b.table, &[2, 2], &[], 2);
+        bm2.free(&b.table).unwrap(); // t2 freed first → evicted first
+        bm2.free(&a.table).unwrap();
+        let c = bm2.allocate(&[3, 3], &[]).unwrap();
+        assert_eq!(c.table, b.table);
+        bm2.free(&c.table).unwrap();
+        assert_eq!(bm2.allocate(&[1, 1, 9], &[]).unwrap().num_cached_tokens, 2);
+        bm2.check_invariants(&[]).unwrap_err(); // the last allocation is live
+    }
+
+    #[test]
+    fn revive_counts_against_availability() {
+        let mut bm = BlockManager::new(2, 2, true);
+        let t = vec![5, 5, 6];
+        let a = bm.allocate(&t, &[]).unwrap();
+        bm.commit(&a.table, &t, &[], 3);
+        bm.free(&a.table).unwrap();
+        let b = bm.allocate(&t, &[]).unwrap();
+        assert_eq!(b.num_cached_tokens, 2);
+        assert_eq!(bm.num_available(), 0);
+        bm.check_invariants(&[&b.table]).unwrap();
+    }
+
+    #[test]
+    fn grow_and_blocks_needed() {
+        let mut bm = BlockManager::new(4, 4, false);
+        let mut a = bm.allocate(&toks(3, 0), &[]).unwrap().table;
+        assert_eq!(bm.blocks_needed(3, 4), 0);
+        assert_eq!(bm.blocks_needed(4, 5), 1);
+        assert_eq!(bm.blocks_needed(5, 3), 0);
+        assert!(bm.grow(&mut a, 4));
+        assert_eq!(a.len(), 1);
+        assert!(bm.grow(&mut a, 9));
+        assert_eq!(a.len(), 3);
+        assert!(!bm.grow(&mut a, 17));
+        assert_eq!(a.len(), 3);
+        assert!(bm.grow(&mut a, 16));
+        assert!(bm.grow(&mut a, 2)); // shrinking request: no-op
+        assert_eq!(a.len(), 4);
+        bm.check_invariants(&[&a]).unwrap();
+    }
+
+    #[test]
+    fn out_of_blocks_changes_nothing() {
+        let mut bm = BlockManager::new(3, 2, true);
+        let t = vec![1, 2, 3];
+        let a = bm.allocate(&t, &[]).unwrap();
+        bm.commit(&a.table, &t, &[], 3);
+        bm.free(&a.table).unwrap();
+        let before = (bm.num_available(), bm.stats().clone());
+        assert!(bm.allocate(&toks(7, 50), &[]).is_none());
+        assert_eq!((bm.num_available(), bm.stats().clone()), before);
+        // The cached block survived the failed attempt.
+        assert_eq!(bm.allocate(&t, &[]).unwrap().num_cached_tokens, 2);
+    }
+
+    #[test]
+    fn double_free_is_an_error() {
+        let mut bm = BlockManager::new(4, 2, true);
+        let a = bm.allocate(&toks(3, 0), &[]).unwrap();
+        bm.free(&a.table).unwrap();
+        assert_eq!(bm.free(&a.table), Err(BlockError::DoubleFree(a.table[0])));
+        let b = bm.allocate(&toks(1, 0), &[]).unwrap();
+        // Same block twice in one call is a double free too, and nothing is released.
+        assert!(bm.free(&[b.table[0], b.table[0]]).is_err());
+        assert_eq!(bm.free(&[99]), Err(BlockError::InvalidBlock(99)));
+        bm.check_invariants(&[&b.table]).unwrap();
+        bm.free(&b.table).unwrap();
+        assert_eq!(bm.num_available(), 4);
+    }
+
+    #[test]
+    fn prefix_caching_disabled() {
+        let mut bm = BlockManager::new(8, 2, false);
+        let t = toks(5, 0);
+        let a = bm.allocate(&t, &[]).unwrap();
+        bm.commit(&a.table, &t, &[], 5);
+        let b = bm.allocate(&t, &[]).unwrap();
+        assert_eq!(b.num_cached_tokens, 0);
+        assert!(a.table.iter().all(|&x| bm.cached_hash(x).is_none()));
+        bm.free(&a.table).unwrap();
+        bm.free(&b.table).unwrap();
+        bm.check_invariants(&[]).unwrap();
+        assert_eq!(bm.num_available(), 8);
+    }
+
+    #[test]
+    fn duplicate_content_keeps_first_mapping() {
+        let mut bm = BlockManager::new(8, 2, true);
+        let t = vec![4, 4, 4];
+        let a = bm.allocate(&t, &[]).unwrap();
+        let b = bm.allocate(&t, &[]).unwrap(); // computed concurrently, no sharing yet
+        bm.commit(&a.table, &t, &[], 3);
+        bm.commit(&b.table, &t, &[], 3);
+        assert!(bm.cached_hash(a.table[0]).is_some());
+        assert!(bm.cached_hash(b.table[0]).is_none());
+        bm.free(&b.table).unwrap(); // b's private copy goes straight back to the free list
+        bm.check_invariants(&[&a.table]).unwrap();
+        assert_eq!(bm.allocate(&t, &[]).unwrap().table[0], a.table[0]);
+    }
+
+    #[test]
+    fn incremental_commit_matches_full_hash() {
+        let mut bm = BlockManager::new(8, 2, true);
+        let t = toks(7, 0);
+        let mut a = bm.allocate(&t[..3], &[]).unwrap().table;
+        bm.commit(&a, &t, &[], 3);
+        assert!(bm.grow(&mut a, 7));
+        bm.commit(&a, &t, &[], 7);
+        let hs = bm.block_hashes(&t, &[]);
+        for i in 0..3 {
+            assert_eq!(bm.cached_hash(a[i]), Some(hs[i]));
+        }
+    }
+
+    #[test]
+    fn empty_prompt_and_zero_block_size() {
+        let mut bm = BlockManager::new(2, 0, true);
+        assert_eq!(bm.block_size(), 1);
+        let a = bm.allocate(&[], &[]).unwrap();
+        assert!(a.table.is_empty());
+        bm.check_invariants(&[]).unwrap();
+    }
+}
