@@ -11,9 +11,17 @@ enum Op {
     /// Prompt of (token, extra key) pairs; a 2-letter alphabet so prefixes collide often.
     Alloc(Vec<(u32, u64)>),
     /// Commit a fraction (per mille) of the not-yet-committed tokens of live sequence `seq % n`.
-    Commit { seq: usize, permille: u32 },
-    Grow { seq: usize, more: Vec<u32> },
-    Free { seq: usize },
+    Commit {
+        seq: usize,
+        permille: u32,
+    },
+    Grow {
+        seq: usize,
+        more: Vec<u32>,
+    },
+    Free {
+        seq: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -47,7 +55,9 @@ struct Model {
 impl Model {
     fn check(&self) -> Result<(), TestCaseError> {
         let tables: Vec<&[BlockId]> = self.live.iter().map(|s| s.table.as_slice()).collect();
-        self.bm.check_invariants(&tables).map_err(TestCaseError::fail)?;
+        self.bm
+            .check_invariants(&tables)
+            .map_err(TestCaseError::fail)?;
         let bs = self.bm.block_size();
         // Sharing only for identical, committed content at the same position.
         let mut seen: HashMap<BlockId, Vec<(usize, usize)>> = HashMap::new();
@@ -63,8 +73,18 @@ impl Model {
             for &(si, pos) in occ {
                 let s = &self.live[si];
                 let hs = self.bm.block_hashes(&s.tokens, &s.extra);
-                prop_assert_eq!(hs.get(pos).copied(), h, "block {} shared with different content", b);
-                prop_assert_eq!(self.content.get(b).copied(), h, "shared block {} not written", b);
+                prop_assert_eq!(
+                    hs.get(pos).copied(),
+                    h,
+                    "block {} shared with different content",
+                    b
+                );
+                prop_assert_eq!(
+                    self.content.get(b).copied(),
+                    h,
+                    "shared block {} not written",
+                    b
+                );
             }
         }
         let st = self.bm.stats();
@@ -84,14 +104,22 @@ impl Model {
                 let (avail, stats) = (self.bm.num_available(), self.bm.stats().clone());
                 let Some(a) = self.bm.allocate(&tokens, &extra) else {
                     // Only a genuinely short pool refuses, and a refusal changes nothing.
-                    prop_assert!(total > avail, "refused {} blocks with {} available", total, avail);
+                    prop_assert!(
+                        total > avail,
+                        "refused {} blocks with {} available",
+                        total,
+                        avail
+                    );
                     prop_assert_eq!(self.bm.num_available(), avail);
                     prop_assert_eq!(self.bm.stats(), &stats);
                     return Ok(());
                 };
                 prop_assert_eq!(a.table.len(), total);
                 prop_assert_eq!(a.num_cached_tokens % bs, 0);
-                prop_assert!(a.num_cached_tokens < tokens.len(), "whole prompt served from cache");
+                prop_assert!(
+                    a.num_cached_tokens < tokens.len(),
+                    "whole prompt served from cache"
+                );
                 if !self.bm.prefix_caching() {
                     prop_assert_eq!(a.num_cached_tokens, 0);
                 }
@@ -100,7 +128,12 @@ impl Model {
                 for (i, &b) in a.table.iter().enumerate() {
                     if i < reused {
                         // A reused block physically holds this exact prefix block.
-                        prop_assert_eq!(self.content.get(&b).copied(), Some(hs[i]), "reused block {} wrong content", b);
+                        prop_assert_eq!(
+                            self.content.get(&b).copied(),
+                            Some(hs[i]),
+                            "reused block {} wrong content",
+                            b
+                        );
                     } else {
                         prop_assert_eq!(self.bm.ref_count(b), Some(1), "fresh block {} shared", b);
                         self.content.remove(&b);
@@ -109,13 +142,19 @@ impl Model {
                 self.prompt_tokens += tokens.len() as u64;
                 self.cached_tokens += a.num_cached_tokens as u64;
                 let computed = a.num_cached_tokens;
-                self.live.push(Seq { table: a.table, tokens, extra, computed });
+                self.live.push(Seq {
+                    table: a.table,
+                    tokens,
+                    extra,
+                    computed,
+                });
             }
             Op::Commit { seq, permille } => {
                 if self.live.is_empty() {
                     return Ok(());
                 }
-                let s = &mut self.live[seq % self.live.len()];
+                let n_live = self.live.len();
+                let s = &mut self.live[seq % n_live];
                 let n = s.computed + (s.tokens.len() - s.computed) * permille as usize / 1000;
                 s.computed = n;
                 // "Write" the K/V of every full computed block into its physical block.
@@ -123,8 +162,11 @@ impl Model {
                 for (i, &h) in hs.iter().enumerate() {
                     let b = s.table[i];
                     if let Some(&old) = self.content.get(&b) {
-                        prop_assert!(old == h || self.bm.ref_count(b) == Some(1),
-                            "overwriting shared block {} with different content", b);
+                        prop_assert!(
+                            old == h || self.bm.ref_count(b) == Some(1),
+                            "overwriting shared block {} with different content",
+                            b
+                        );
                     }
                     self.content.insert(b, h);
                 }
@@ -139,7 +181,8 @@ impl Model {
                 if self.live.is_empty() {
                     return Ok(());
                 }
-                let s = &mut self.live[seq % self.live.len()];
+                let n_live = self.live.len();
+                let s = &mut self.live[seq % n_live];
                 let (old_len, new_len) = (s.table.len(), s.tokens.len() + more.len());
                 let need = self.bm.blocks_needed(s.tokens.len(), new_len);
                 let avail = self.bm.num_available();
@@ -163,7 +206,9 @@ impl Model {
                     return Ok(());
                 }
                 let s = self.live.swap_remove(seq % self.live.len());
-                self.bm.free(&s.table).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                self.bm
+                    .free(&s.table)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 // Freeing again right away must be refused without touching anything.
                 let avail = self.bm.num_available();
                 if !s.table.is_empty() {
@@ -243,4 +288,42 @@ fn preempt_and_resume_reuses_committed_blocks() {
     assert_eq!(b.num_cached_tokens, 8);
     assert_eq!(&b.table[..2], &a.table[..2]);
     bm.check_invariants(&[&b.table]).unwrap();
+}
+
+#[test]
+fn duplicate_content_keeps_first_mapping() {
+    let mut bm = BlockManager::new(8, 2, true);
+    let t = vec![4, 4, 4];
+    let a = bm.allocate(&t, &[]).unwrap();
+    let b = bm.allocate(&t, &[]).unwrap(); // computed concurrently, no sharing yet
+    bm.commit(&a.table, &t, &[], 3);
+    bm.commit(&b.table, &t, &[], 3);
+    assert!(bm.cached_hash(a.table[0]).is_some());
+    assert!(bm.cached_hash(b.table[0]).is_none());
+    bm.free(&b.table).unwrap(); // b's private copy goes straight back to the free list
+    bm.check_invariants(&[&a.table]).unwrap();
+    assert_eq!(bm.allocate(&t, &[]).unwrap().table[0], a.table[0]);
+}
+
+#[test]
+fn incremental_commit_matches_full_hash() {
+    let mut bm = BlockManager::new(8, 2, true);
+    let t: Vec<u32> = (0..7).collect();
+    let mut a = bm.allocate(&t[..3], &[]).unwrap().table;
+    bm.commit(&a, &t, &[], 3);
+    assert!(bm.grow(&mut a, 7));
+    bm.commit(&a, &t, &[], 7);
+    let hs = bm.block_hashes(&t, &[]);
+    for i in 0..3 {
+        assert_eq!(bm.cached_hash(a[i]), Some(hs[i]));
+    }
+}
+
+#[test]
+fn empty_prompt_and_zero_block_size() {
+    let mut bm = BlockManager::new(2, 0, true);
+    assert_eq!(bm.block_size(), 1);
+    let a = bm.allocate(&[], &[]).unwrap();
+    assert!(a.table.is_empty());
+    bm.check_invariants(&[]).unwrap();
 }

@@ -11,7 +11,7 @@
 //! implies the whole prefix matches. `H` is `std::hash::DefaultHasher::new()` (SipHash-1-3 with
 //! zero keys): deterministic within one build, which is all we need since hashes are never
 //! persisted or shared across processes. A 64-bit collision (~2^-64 per pair) would serve wrong
-//! K/V; like nano-vllm's xxhash we accept that rather than storing and comparing block contents.
+//! K/V; we accept that rather than storing every block's tokens to compare on each match.
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -124,7 +124,14 @@ impl BlockManager {
 
     /// Hashes of full blocks `first..end`, chained from `prev` (the hash of block `first - 1`,
     /// or 0 for the first block).
-    fn hashes_from(&self, tokens: &[u32], extra: &[u64], first: usize, end: usize, mut prev: u64) -> Vec<u64> {
+    fn hashes_from(
+        &self,
+        tokens: &[u32],
+        extra: &[u64],
+        first: usize,
+        end: usize,
+        mut prev: u64,
+    ) -> Vec<u64> {
         let bs = self.block_size;
         let mut out = Vec::with_capacity(end.saturating_sub(first));
         for i in first..end {
@@ -148,7 +155,10 @@ impl BlockManager {
         let bs = self.block_size;
         let len = tokens.len();
         if len == 0 {
-            return Some(Allocation { table: Vec::new(), num_cached_tokens: 0 });
+            return Some(Allocation {
+                table: Vec::new(),
+                num_cached_tokens: 0,
+            });
         }
         let total = len.div_ceil(bs);
         let mut table = Vec::with_capacity(total);
@@ -167,7 +177,10 @@ impl BlockManager {
         }
         let matched = table.len();
         // Reviving an evictable block takes it out of the available pool too.
-        let revived = table.iter().filter(|&&b| self.blocks[b as usize].ref_count == 0).count();
+        let revived = table
+            .iter()
+            .filter(|&&b| self.blocks[b as usize].ref_count == 0)
+            .count();
         if (total - matched) + revived > self.num_available() {
             return None;
         }
@@ -186,7 +199,10 @@ impl BlockManager {
         self.stats.prompt_tokens += len as u64;
         self.stats.cached_tokens += num_cached as u64;
         self.stats.computed_tokens += (len - num_cached) as u64;
-        Some(Allocation { table, num_cached_tokens: num_cached })
+        Some(Allocation {
+            table,
+            num_cached_tokens: num_cached,
+        })
     }
 
     /// A never-cached free block if any, else the least recently freed evictable one.
@@ -208,13 +224,17 @@ impl BlockManager {
 
     /// Blocks needed to grow a table from `cur_len` to `new_len` tokens.
     pub fn blocks_needed(&self, cur_len: usize, new_len: usize) -> usize {
-        new_len.div_ceil(self.block_size).saturating_sub(cur_len.div_ceil(self.block_size))
+        new_len
+            .div_ceil(self.block_size)
+            .saturating_sub(cur_len.div_ceil(self.block_size))
     }
 
     /// Make `table` hold `new_len` tokens by appending fresh blocks. false (no change) if the pool
     /// is short; a table already large enough is left as is.
     pub fn grow(&mut self, table: &mut Vec<BlockId>, new_len: usize) -> bool {
-        let need = new_len.div_ceil(self.block_size).saturating_sub(table.len());
+        let need = new_len
+            .div_ceil(self.block_size)
+            .saturating_sub(table.len());
         if need > self.num_available() {
             return false;
         }
@@ -231,7 +251,13 @@ impl BlockManager {
     /// prompts can reuse them. Only blocks this table holds a reference to are registered; a hash
     /// already mapped to another block keeps its mapping (this block stays private and is
     /// recycled normally). A no-op without prefix caching.
-    pub fn commit(&mut self, table: &[BlockId], tokens: &[u32], extra: &[u64], num_computed: usize) {
+    pub fn commit(
+        &mut self,
+        table: &[BlockId],
+        tokens: &[u32],
+        extra: &[u64],
+        num_computed: usize,
+    ) {
         if !self.prefix_caching {
             return;
         }
@@ -251,7 +277,9 @@ impl BlockManager {
         let hashes = self.hashes_from(tokens, extra, first, n_full, prev);
         for (i, h) in (first..n_full).zip(hashes) {
             let b = table[i];
-            let Some(m) = self.blocks.get_mut(b as usize) else { continue };
+            let Some(m) = self.blocks.get_mut(b as usize) else {
+                continue;
+            };
             // A refcount-0 block is not this table's (stale table): registering it would put a
             // free-list block into the cache.
             if m.ref_count == 0 || m.hash.is_some() {
@@ -269,7 +297,10 @@ impl BlockManager {
     pub fn free(&mut self, table: &[BlockId]) -> Result<(), BlockError> {
         let mut counts: HashMap<BlockId, u32> = HashMap::with_capacity(table.len());
         for &b in table {
-            let m = self.blocks.get(b as usize).ok_or(BlockError::InvalidBlock(b))?;
+            let m = self
+                .blocks
+                .get(b as usize)
+                .ok_or(BlockError::InvalidBlock(b))?;
             let c = counts.entry(b).or_insert(0);
             *c += 1;
             if *c > m.ref_count {
@@ -309,50 +340,75 @@ impl BlockManager {
         let mut refs = vec![0u32; n];
         for t in live_tables {
             for &b in *t {
-                let r = refs.get_mut(b as usize).ok_or(format!("live table holds invalid block {b}"))?;
+                let r = refs
+                    .get_mut(b as usize)
+                    .ok_or(format!("live table holds invalid block {b}"))?;
                 *r += 1;
             }
         }
         for (i, m) in self.blocks.iter().enumerate() {
             if m.ref_count != refs[i] {
-                return Err(format!("block {i}: refcount {} but {} live references", m.ref_count, refs[i]));
+                return Err(format!(
+                    "block {i}: refcount {} but {} live references",
+                    m.ref_count, refs[i]
+                ));
             }
         }
         // 0 = used, 1 = free, 2 = evictable.
         let mut state = vec![0u8; n];
         for &b in &self.free {
-            let m = self.blocks.get(b as usize).ok_or(format!("free list holds invalid block {b}"))?;
+            let m = self
+                .blocks
+                .get(b as usize)
+                .ok_or(format!("free list holds invalid block {b}"))?;
             if state[b as usize] != 0 {
                 return Err(format!("block {b} twice in free list"));
             }
             if m.ref_count != 0 || m.hash.is_some() {
-                return Err(format!("free block {b} has refcount {} / hash {:?}", m.ref_count, m.hash));
+                return Err(format!(
+                    "free block {b} has refcount {} / hash {:?}",
+                    m.ref_count, m.hash
+                ));
             }
             state[b as usize] = 1;
         }
         for (&tick, &b) in &self.evictable {
-            let m = self.blocks.get(b as usize).ok_or(format!("LRU holds invalid block {b}"))?;
+            let m = self
+                .blocks
+                .get(b as usize)
+                .ok_or(format!("LRU holds invalid block {b}"))?;
             if state[b as usize] != 0 {
-                return Err(format!("block {b} both free and evictable, or twice in LRU"));
+                return Err(format!(
+                    "block {b} both free and evictable, or twice in LRU"
+                ));
             }
             if m.ref_count != 0 || m.hash.is_none() || m.tick != tick {
-                return Err(format!("evictable block {b}: refcount {}, hash {:?}, tick {} vs {tick}", m.ref_count, m.hash, m.tick));
+                return Err(format!(
+                    "evictable block {b}: refcount {}, hash {:?}, tick {} vs {tick}",
+                    m.ref_count, m.hash, m.tick
+                ));
             }
             state[b as usize] = 2;
         }
         for (i, m) in self.blocks.iter().enumerate() {
             if m.ref_count == 0 && state[i] == 0 {
-                return Err(format!("block {i} has refcount 0 but is neither free nor evictable (leak)"));
+                return Err(format!(
+                    "block {i} has refcount 0 but is neither free nor evictable (leak)"
+                ));
             }
             if let Some(h) = m.hash {
                 if self.cached.get(&h) != Some(&(i as BlockId)) {
-                    return Err(format!("block {i} claims hash {h:#x} but the cache maps it elsewhere"));
+                    return Err(format!(
+                        "block {i} claims hash {h:#x} but the cache maps it elsewhere"
+                    ));
                 }
             }
         }
         for (&h, &b) in &self.cached {
             if self.blocks.get(b as usize).and_then(|m| m.hash) != Some(h) {
-                return Err(format!("cache maps {h:#x} to block {b} whose stored hash differs"));
+                return Err(format!(
+                    "cache maps {h:#x} to block {b} whose stored hash differs"
+                ));
             }
         }
         if !self.prefix_caching && !self.cached.is_empty() {
@@ -412,7 +468,8 @@ mod tests {
         assert_eq!(c.num_cached_tokens, 8);
         assert_ne!(bm.block_hashes(&t, &img1), bm.block_hashes(&t, &img2));
         assert_eq!(bm.block_hashes(&t, &[]), bm.block_hashes(&t, &[0; 9]));
-        bm.check_invariants(&[&a.table, &b.table, &c.table]).unwrap();
+        bm.check_invariants(&[&a.table, &b.table, &c.table])
+            .unwrap();
     }
 
     #[test]
@@ -460,8 +517,9 @@ mod tests {
         let c = bm2.allocate(&[3, 3], &[]).unwrap();
         assert_eq!(c.table, b.table);
         bm2.free(&c.table).unwrap();
-        assert_eq!(bm2.allocate(&[1, 1, 9], &[]).unwrap().num_cached_tokens, 2);
-        bm2.check_invariants(&[]).unwrap_err(); // the last allocation is live
+        let d = bm2.allocate(&[1, 1, 9], &[]).unwrap();
+        assert_eq!((d.table[0], d.num_cached_tokens), (a.table[0], 2));
+        bm2.check_invariants(&[&d.table]).unwrap();
     }
 
     #[test]
@@ -538,43 +596,5 @@ mod tests {
         bm.free(&b.table).unwrap();
         bm.check_invariants(&[]).unwrap();
         assert_eq!(bm.num_available(), 8);
-    }
-
-    #[test]
-    fn duplicate_content_keeps_first_mapping() {
-        let mut bm = BlockManager::new(8, 2, true);
-        let t = vec![4, 4, 4];
-        let a = bm.allocate(&t, &[]).unwrap();
-        let b = bm.allocate(&t, &[]).unwrap(); // computed concurrently, no sharing yet
-        bm.commit(&a.table, &t, &[], 3);
-        bm.commit(&b.table, &t, &[], 3);
-        assert!(bm.cached_hash(a.table[0]).is_some());
-        assert!(bm.cached_hash(b.table[0]).is_none());
-        bm.free(&b.table).unwrap(); // b's private copy goes straight back to the free list
-        bm.check_invariants(&[&a.table]).unwrap();
-        assert_eq!(bm.allocate(&t, &[]).unwrap().table[0], a.table[0]);
-    }
-
-    #[test]
-    fn incremental_commit_matches_full_hash() {
-        let mut bm = BlockManager::new(8, 2, true);
-        let t = toks(7, 0);
-        let mut a = bm.allocate(&t[..3], &[]).unwrap().table;
-        bm.commit(&a, &t, &[], 3);
-        assert!(bm.grow(&mut a, 7));
-        bm.commit(&a, &t, &[], 7);
-        let hs = bm.block_hashes(&t, &[]);
-        for i in 0..3 {
-            assert_eq!(bm.cached_hash(a[i]), Some(hs[i]));
-        }
-    }
-
-    #[test]
-    fn empty_prompt_and_zero_block_size() {
-        let mut bm = BlockManager::new(2, 0, true);
-        assert_eq!(bm.block_size(), 1);
-        let a = bm.allocate(&[], &[]).unwrap();
-        assert!(a.table.is_empty());
-        bm.check_invariants(&[]).unwrap();
     }
 }
