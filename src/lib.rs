@@ -7,6 +7,7 @@
 //! - `models`: Qwen2-VL / Qwen2.5-VL written on candle, K/V behind a small cache interface.
 //! - `generate`: sampling, stop tokens, log-probabilities.
 
+pub mod bench;
 pub mod chat;
 pub mod config;
 pub mod engine;

@@ -29,6 +29,66 @@ enum Cmd {
     Info(ModelArgs),
     /// Decode throughput on a checkpoint or on dummy weights of a config (fixed token budgets).
     Bench(BenchArgs),
+    /// The five-agent workload on the paged engine, prefix cache on vs off, in one run.
+    BenchAgents(BenchAgentsArgs),
+}
+
+#[derive(Args)]
+struct BenchAgentsArgs {
+    /// Model config for dummy weights (needs the real Qwen vocabulary) …
+    #[arg(long, default_value = "models/dummy-small-qwen2.5-vl.json")]
+    config: PathBuf,
+    /// … and the tokenizer.json giving real token counts (default: $MERG_DATA_DIR or
+    /// ../shared/data /qwen2-tokenizer/tokenizer.json).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// A real checkpoint directory instead (its own weights and tokenizer).
+    #[arg(long, conflicts_with_all = ["config", "tokenizer"])]
+    model: Option<String>,
+    #[arg(long, default_value_t = 8)]
+    dialogues: usize,
+    #[arg(long, default_value_t = 24)]
+    new_tokens: usize,
+    /// Keyframe shown with every dialogue (default: a synthetic 224×224 frame; "none" = text only).
+    #[arg(long)]
+    keyframe: Option<String>,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[arg(long)]
+    dtype: Option<String>,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Paged-engine settings shared by the commands that run the engine.
+#[derive(Args)]
+struct EngineArgs {
+    /// KV pool size: a fraction of free memory (0.5), bytes (4GiB) or blocks:N.
+    #[arg(long, default_value = "0.3")]
+    kv_memory: String,
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    #[arg(long, default_value_t = 64)]
+    max_num_seqs: usize,
+    #[arg(long, default_value_t = 2048)]
+    max_step_tokens: usize,
+}
+
+impl EngineArgs {
+    fn config(&self) -> Result<merg::engine::EngineConfig> {
+        if self.block_size == 0 {
+            anyhow::bail!("--block-size must be at least 1");
+        }
+        Ok(merg::engine::EngineConfig {
+            block_size: self.block_size,
+            kv_memory: self.kv_memory.parse()?,
+            scheduler: merg::engine::scheduler::SchedulerConfig {
+                max_num_seqs: self.max_num_seqs.max(1),
+                max_step_tokens: self.max_step_tokens.max(1),
+            },
+            ..Default::default()
+        })
+    }
 }
 
 #[derive(Args)]
@@ -145,6 +205,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Generate(a) => cmd_generate(a),
         Cmd::Info(a) => cmd_info(a),
         Cmd::Bench(a) => cmd_bench(a),
+        Cmd::BenchAgents(a) => cmd_bench_agents(a),
     }
 }
 
@@ -260,5 +321,48 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         "decode_tokens_per_s": a.decode_tokens as f64 / decode_s,
     });
     println!("{}", serde_json::to_string_pretty(&rec)?);
+    Ok(())
+}
+
+fn default_tokenizer() -> Option<PathBuf> {
+    let base = std::env::var_os("MERG_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("../shared/data"));
+    let p = base.join("qwen2-tokenizer/tokenizer.json");
+    p.exists().then_some(p)
+}
+
+fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
+    let device = parse_device(&a.device)?;
+    let dtype = a.dtype.as_deref().map(parse_dtype).transpose()?;
+    let cfg = a.engine.config()?;
+    let keyframe = match a.keyframe.as_deref() {
+        Some("none") => None,
+        Some(p) => Some(merg::vision::load_image(std::path::Path::new(p))?),
+        None => Some(image::RgbImage::from_fn(224, 224, |x, y| image::Rgb([x as u8, y as u8, ((x * y) % 251) as u8]))),
+    };
+    let make: Box<dyn Fn() -> Result<Runtime>> = match &a.model {
+        Some(m) => {
+            let m = m.clone();
+            let device = device.clone();
+            Box::new(move || Runtime::load(merg::hub::resolve(&m, None)?, &device, dtype))
+        }
+        None => {
+            let tok = a.tokenizer.clone().or_else(default_tokenizer).context(
+                "bench-agents needs the real Qwen2 tokenizer for real token counts: pass --tokenizer, set MERG_DATA_DIR, or use --model DIR",
+            )?;
+            let model_cfg = ModelConfig::from_file(&a.config)?;
+            let device = device.clone();
+            Box::new(move || {
+                let dtype = dtype.unwrap_or_else(|| merg::weights::default_dtype(&device));
+                Ok(Runtime {
+                    model: QwenVl::dummy(&model_cfg, dtype, &device)?,
+                    tokenizer: merg::tokenizer::MergTokenizer::from_files(&tok, Some(merg::chat::QWEN2_VL_CHAT_TEMPLATE.to_string()))?,
+                    preprocessor: Default::default(),
+                    files: None,
+                })
+            })
+        }
+    };
+    let report = merg::bench::run_agents(&*make, &cfg, a.dialogues, a.new_tokens, keyframe.as_ref())?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }

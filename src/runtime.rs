@@ -30,6 +30,12 @@ pub struct Runtime {
     pub files: Option<ModelFiles>,
 }
 
+/// One preprocessed image or video.
+pub struct MediaItem {
+    pub patches: Patches,
+    pub grid: MediaGrid,
+}
+
 /// A request turned into model inputs.
 pub struct PreparedRequest {
     pub ids: Vec<u32>,
@@ -69,9 +75,9 @@ impl Runtime {
         Ok(Runtime { model, tokenizer, preprocessor, files: Some(files) })
     }
 
-    /// Tokenizes the messages (placeholders expanded to each item's merged-token count) and
-    /// preprocesses the media into patch tensors.
-    pub fn prepare_request(&self, messages: &[Message], media: &[Media]) -> Result<PreparedRequest> {
+    /// Preprocesses each media item into patches + its grid, in the given order (which must be
+    /// the order of the `Image`/`Video` parts in the messages).
+    pub fn preprocess_media(&self, messages: &[Message], media: &[Media]) -> Result<Vec<MediaItem>> {
         let placeholders = messages
             .iter()
             .flat_map(|m| m.content.iter())
@@ -80,33 +86,47 @@ impl Runtime {
         if placeholders != media.len() {
             bail!("the messages reference {placeholders} images/videos but {} were given", media.len());
         }
+        media
+            .iter()
+            .map(|m| {
+                let (patches, is_video, secs) = match m {
+                    Media::Image(img) => (vision::preprocess_image(img, &self.preprocessor)?, false, 0.0),
+                    Media::Video { frames, fps } => {
+                        let p = vision::preprocess_video(frames, &self.preprocessor)?;
+                        (p, true, self.preprocessor.temporal_patch_size as f64 / fps)
+                    }
+                };
+                let grid = MediaGrid { thw: patches.grid_thw, is_video, second_per_grid: secs };
+                Ok(MediaItem { patches, grid })
+            })
+            .collect()
+    }
+
+    /// Prompt token ids with each placeholder expanded to its item's merged-token count.
+    pub fn encode_prompt(&self, messages: &[Message], items: &[MediaItem]) -> Result<Vec<u32>> {
         let merge = self.model.cfg.vision.spatial_merge_size;
-        let mut image_patches: Vec<Patches> = vec![];
-        let mut video_patches: Vec<Patches> = vec![];
-        let mut grids = vec![];
-        let mut tokens_per_item = vec![];
-        for m in media {
-            let (p, is_video, secs) = match m {
-                Media::Image(img) => (vision::preprocess_image(img, &self.preprocessor)?, false, 0.0),
-                Media::Video { frames, fps } => {
-                    let p = vision::preprocess_video(frames, &self.preprocessor)?;
-                    (p, true, self.preprocessor.temporal_patch_size as f64 / fps)
-                }
-            };
-            tokens_per_item.push(p.num_merged_tokens(merge));
-            grids.push(MediaGrid { thw: p.grid_thw, is_video, second_per_grid: secs });
-            if is_video { video_patches.push(p) } else { image_patches.push(p) }
-        }
-        let ids = self.tokenizer.encode_chat(messages, true, &tokens_per_item)?;
+        let counts: Vec<usize> = items.iter().map(|i| i.patches.num_merged_tokens(merge)).collect();
+        self.tokenizer.encode_chat(messages, true, &counts)
+    }
+
+    /// Tokenizes the messages and preprocesses the media into patch tensors.
+    pub fn prepare_request(&self, messages: &[Message], media: &[Media]) -> Result<PreparedRequest> {
+        let items = self.preprocess_media(messages, media)?;
+        let ids = self.encode_prompt(messages, &items)?;
         let dev = self.model.device();
-        let cat = |ps: &[Patches]| -> Result<Option<Tensor>> {
-            if ps.is_empty() {
-                return Ok(None);
-            }
-            let ts = ps.iter().map(|p| p.to_tensor(dev)).collect::<Result<Vec<_>>>()?;
-            Ok(Some(Tensor::cat(&ts, 0)?))
+        let cat = |video: bool| -> Result<Option<Tensor>> {
+            let ts = items
+                .iter()
+                .filter(|i| i.grid.is_video == video)
+                .map(|i| i.patches.to_tensor(dev))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(if ts.is_empty() { None } else { Some(Tensor::cat(&ts, 0)?) })
         };
-        let vision = VisionInput { image_patches: cat(&image_patches)?, video_patches: cat(&video_patches)?, media: grids };
+        let vision = VisionInput {
+            image_patches: cat(false)?,
+            video_patches: cat(true)?,
+            media: items.iter().map(|i| i.grid.clone()).collect(),
+        };
         Ok(PreparedRequest { ids, vision })
     }
 

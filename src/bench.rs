@@ -1,0 +1,138 @@
+//! The five-agent prefix-cache workload (`merg bench-agents`): per dialogue, MPA → CAEF → PSP →
+//! SGRG → GRA, then one refinement round re-running CAEF → PSP → SGRG, each agent's prompt
+//! being the shared part (system, dialogue, keyframe) followed by its own instruction and the
+//! upstream outputs. All dialogues advance stage by stage as one batch, as `merg eval` would
+//! run them. The same workload runs with the prefix cache on and off in one process.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::chat::{ContentPart, Message};
+use crate::engine::{ChatRequest, Engine, EngineConfig, EngineStats};
+use crate::generate::SamplingParams;
+use crate::runtime::{Media, Runtime};
+
+/// Agent instructions, in pipeline order, the refinement round re-running agents 2–4.
+const AGENTS: [(&str, &str); 5] = [
+    ("MPA", "You are the multimodal perception agent. List concrete textual cues from the dialogue and visual cues from the keyframe (facial expression, posture, scene), each tied to its source turn or frame. Answer in JSON."),
+    ("CAEF", "You are the consistency-aware emotion forecaster. Given the evidence, judge whether the text and visual cues agree, and forecast the emotion the reply should carry: one of neutral, joy, surprise, anger, sadness, disgust, fear. Answer in JSON."),
+    ("PSP", "You are the pragmatic strategy planner. Plan the reply as a communication goal, an interpersonal stance, a tactic and a tone, consistent with the forecasted emotion. Answer in JSON."),
+    ("SGRG", "You are the strategy-grounded response generator. Write the next turn for the listener, realising the plan, the forecasted emotion and the evidence, in one or two natural sentences."),
+    ("GRA", "You are the global reflection agent. Audit the evidence, the emotion, the plan and the reply in order; for each say pass or fail with a correction, and name the earliest faulty agent. Answer in JSON."),
+];
+const REFINE: [usize; 3] = [1, 2, 3];
+
+/// Short sitcom-style dialogues (speaker, utterance); lengths resemble MELD's.
+const DIALOGUES: [&[(&str, &str)]; 4] = [
+    &[("Monica", "Okay, everybody relax. This is not even a date."), ("Joey", "C'mon, you're going out with the guy! There's gotta be something wrong with him!"), ("Chandler", "All right Joey, be nice. So does he have a hump? A hump and a hairpiece?"), ("Phoebe", "Wait, does he eat chalk?"), ("Monica", "Just, 'cause, I don't want her to go through what I went through with Carl. Oh!"), ("Ross", "Hi."), ("Joey", "This guy says hello, I wanna kill myself.")],
+    &[("Rachel", "I can't believe it, I just got the job at Ralph Lauren!"), ("Ross", "That's amazing, Rach! When do you start?"), ("Rachel", "Monday! But I have to tell Mr. Kaplan today and he's going to freak out."), ("Chandler", "Just say you found something closer to your heart. Works for me every time I quit."), ("Rachel", "You've never quit anything."), ("Chandler", "Exactly, it hasn't failed me yet.")],
+    &[("Phoebe", "So my grandmother's cab finally died this morning."), ("Joey", "Oh no, Pheebs, I'm sorry. Are you okay?"), ("Phoebe", "Yeah, I mean, it was really old, but it was where I grew up, you know?"), ("Monica", "We could all chip in and help you fix it up."), ("Phoebe", "That's really sweet, but I think it's time to let it go.")],
+    &[("Ross", "Did you eat my sandwich? The one with the moist maker?"), ("Chandler", "I might have had a bite. It was in the office fridge!"), ("Ross", "It had my name on it! It was the only good thing in my life right now!"), ("Chandler", "Okay, okay, I'm sorry. I'll make you another one."), ("Ross", "You can't just make another one. My sandwich!")],
+];
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    pub prefix_caching: bool,
+    pub wall_s: f64,
+    pub requests: usize,
+    pub stats: EngineStats,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AgentsReport {
+    pub dialogues: usize,
+    pub new_tokens: usize,
+    pub with_cache: RunReport,
+    pub without_cache: RunReport,
+    /// Share of submitted prompt tokens served from the cache (with cache on).
+    pub cache_hit_fraction: f64,
+    /// Prompt tokens computed with cache / without.
+    pub computed_ratio: f64,
+    /// Wall time with cache / without.
+    pub wall_ratio: f64,
+}
+
+fn dialogue_text(d: &[(&str, &str)], listener: &str) -> String {
+    let mut s = String::from("Dialogue history:\n");
+    for (spk, utt) in d {
+        s.push_str(&format!("{spk}: {utt}\n"));
+    }
+    s.push_str(&format!("The next turn is spoken by {listener}.\n"));
+    s
+}
+
+fn request(d: usize, agent: usize, upstream: &[(usize, String)], keyframe: Option<&image::RgbImage>, new_tokens: usize) -> ChatRequest {
+    let dlg = DIALOGUES[d % DIALOGUES.len()];
+    let listener = dlg[dlg.len() - 2].0;
+    // Shared part first (system, keyframe, dialogue); agent-specific text last.
+    let mut content = vec![];
+    let mut media = vec![];
+    if let Some(img) = keyframe {
+        content.push(ContentPart::Image);
+        media.push(Media::Image(img.clone()));
+    }
+    let mut text = dialogue_text(dlg, listener);
+    for (a, out) in upstream {
+        text.push_str(&format!("{} output: {out}\n", AGENTS[*a].0));
+    }
+    text.push_str(AGENTS[agent].1);
+    content.push(ContentPart::Text(text));
+    let system = "You are part of a multi-agent system that writes empathetic replies in multimodal dialogues. Be concrete and faithful to the evidence.";
+    ChatRequest {
+        messages: vec![Message::text("system", system), Message::new("user", content)],
+        media,
+        sampling: SamplingParams { max_new_tokens: new_tokens, stop_token_ids: vec![u32::MAX], ..Default::default() },
+        constraint: None,
+    }
+}
+
+/// Runs the workload on a fresh engine from `make_runtime`.
+pub fn run_once(
+    make_runtime: &dyn Fn() -> Result<Runtime>,
+    cfg: &EngineConfig,
+    dialogues: usize,
+    new_tokens: usize,
+    keyframe: Option<&image::RgbImage>,
+) -> Result<RunReport> {
+    let mut engine = Engine::new(make_runtime()?, cfg.clone())?;
+    let schedule: Vec<usize> = (0..AGENTS.len()).chain(REFINE).collect();
+    let mut outputs: Vec<Vec<(usize, String)>> = vec![vec![]; dialogues];
+    let t0 = Instant::now();
+    let mut requests = 0;
+    for &agent in &schedule {
+        let reqs = (0..dialogues).map(|d| request(d, agent, &outputs[d], keyframe, new_tokens)).collect::<Vec<_>>();
+        requests += reqs.len();
+        for (d, r) in engine.run_all(reqs).into_iter().enumerate() {
+            let c = r?;
+            // Upstream outputs feed later agents; a refinement round replaces the stage's output.
+            outputs[d].retain(|(a, _)| *a != agent);
+            outputs[d].push((agent, c.text));
+        }
+    }
+    Ok(RunReport { prefix_caching: cfg.prefix_caching, wall_s: t0.elapsed().as_secs_f64(), requests, stats: engine.stats() })
+}
+
+pub fn run_agents(
+    make_runtime: &dyn Fn() -> Result<Runtime>,
+    cfg: &EngineConfig,
+    dialogues: usize,
+    new_tokens: usize,
+    keyframe: Option<&image::RgbImage>,
+) -> Result<AgentsReport> {
+    let on = EngineConfig { prefix_caching: true, ..cfg.clone() };
+    let off = EngineConfig { prefix_caching: false, ..cfg.clone() };
+    let with_cache = run_once(make_runtime, &on, dialogues, new_tokens, keyframe)?;
+    let without_cache = run_once(make_runtime, &off, dialogues, new_tokens, keyframe)?;
+    let p = &with_cache.stats.prefix;
+    Ok(AgentsReport {
+        dialogues,
+        new_tokens,
+        cache_hit_fraction: p.cached_tokens as f64 / p.prompt_tokens.max(1) as f64,
+        computed_ratio: p.computed_tokens as f64 / without_cache.stats.prefix.computed_tokens.max(1) as f64,
+        wall_ratio: with_cache.wall_s / without_cache.wall_s,
+        with_cache,
+        without_cache,
+    })
+}

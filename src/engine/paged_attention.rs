@@ -1,0 +1,43 @@
+//! `AttentionBackend` over the shared pool for one packed step of many sequences. The step's
+//! tokens are concatenated (`[T_total, ...]`); each sequence owns a contiguous run of them.
+//! Per layer: every sequence's new K/V is written to its slots first (one scatter for the
+//! whole step), then each sequence attends over the gather of all its slots.
+
+use candle_core::{Result, Tensor};
+
+use super::kv_pool::KvPool;
+use crate::models::kv::causal_gqa;
+use crate::models::AttentionBackend;
+
+pub struct SeqRun {
+    /// First row of this sequence's tokens in the packed step.
+    pub start: usize,
+    pub len: usize,
+    /// Slots of every token of the sequence up to the end of this run (`[past + len]`, u32).
+    pub context_slots: Tensor,
+}
+
+pub struct PagedStep<'a> {
+    pool: &'a KvPool,
+    runs: Vec<SeqRun>,
+    /// Slot of every packed token, broadcast for `KvPool::write`.
+    write_index: Tensor,
+}
+
+impl<'a> PagedStep<'a> {
+    pub fn new(pool: &'a KvPool, runs: Vec<SeqRun>, write_index: Tensor) -> Self {
+        PagedStep { pool, runs, write_index }
+    }
+}
+
+impl AttentionBackend for PagedStep<'_> {
+    fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+        self.pool.write(layer, &self.write_index, k, v).map_err(candle_core::Error::wrap)?;
+        let mut outs = Vec::with_capacity(self.runs.len());
+        for r in &self.runs {
+            let (kc, vc) = self.pool.gather(layer, &r.context_slots).map_err(candle_core::Error::wrap)?;
+            outs.push(causal_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, scale)?);
+        }
+        Tensor::cat(&outs, 0)
+    }
+}

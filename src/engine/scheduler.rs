@@ -1,0 +1,130 @@
+//! Continuous batching. Each step packs decode tokens of running sequences and (chunked)
+//! prefill of new ones under a token budget. When the pool runs dry the newest running
+//! sequence is preempted (blocks freed, recomputed later, helped by the prefix cache).
+//! Oldest-first service and FIFO admission mean no sequence starves.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::block_manager::BlockManager;
+use super::sequence::{SeqId, Sequence, Status};
+
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    pub max_num_seqs: usize,
+    /// Tokens computed per step across all sequences (prefill chunks + decodes).
+    pub max_step_tokens: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig { max_num_seqs: 64, max_step_tokens: 2048 }
+    }
+}
+
+/// `len` tokens of `seq` starting at its `num_computed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    pub seq: SeqId,
+    pub len: usize,
+}
+
+#[derive(Default)]
+pub struct Scheduler {
+    pub cfg: SchedulerConfig,
+    waiting: VecDeque<SeqId>,
+    /// In admission order: the front is the oldest.
+    running: Vec<SeqId>,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig) -> Self {
+        Scheduler { cfg, ..Default::default() }
+    }
+
+    pub fn add(&mut self, id: SeqId) {
+        self.waiting.push_back(id);
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    pub fn remove_finished(&mut self, id: SeqId) {
+        self.running.retain(|&s| s != id);
+        self.waiting.retain(|&s| s != id);
+    }
+
+    /// Picks this step's work. Sequences that cannot fit even alone in the pool are returned
+    /// in `overflow` so the engine can finish them instead of looping.
+    pub fn schedule(&mut self, seqs: &mut HashMap<SeqId, Sequence>, bm: &mut BlockManager) -> (Vec<Chunk>, Vec<SeqId>) {
+        let mut chunks = vec![];
+        let mut overflow = vec![];
+        let mut budget = self.cfg.max_step_tokens;
+        // 1. Running sequences, oldest first.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let seq = seqs.get_mut(&id).expect("running sequence exists");
+            let n = seq.pending().min(budget);
+            let target = seq.num_computed + n;
+            if bm.grow(&mut seq.table, target) {
+                chunks.push(Chunk { seq: id, len: n });
+                budget -= n;
+                i += 1;
+                continue;
+            }
+            // Out of blocks: preempt the newest running sequence (possibly this one).
+            let victim = *self.running.last().expect("non-empty");
+            if victim == id && i == 0 {
+                // Alone and still too big for the pool.
+                overflow.push(id);
+                self.running.remove(i);
+                continue;
+            }
+            self.preempt(victim, seqs, bm);
+            if victim == id {
+                continue; // this one went back to waiting; i now points past the end
+            }
+        }
+        // 2. Admit waiting sequences in FIFO order while budget, seats and blocks allow.
+        while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            let Some(&id) = self.waiting.front() else { break };
+            let seq = seqs.get_mut(&id).expect("waiting sequence exists");
+            let extra = seq.extra_keys();
+            let Some(alloc) = bm.allocate(&seq.tokens, &extra) else {
+                if self.running.is_empty() && chunks.is_empty() {
+                    // Nothing else holds blocks: this sequence can never fit.
+                    self.waiting.pop_front();
+                    overflow.push(id);
+                    continue;
+                }
+                break;
+            };
+            self.waiting.pop_front();
+            seq.table = alloc.table;
+            seq.num_computed = alloc.num_cached_tokens;
+            if !seq.admitted_once {
+                seq.cached_tokens = alloc.num_cached_tokens;
+                seq.admitted_once = true;
+            }
+            seq.status = Status::Running;
+            let n = seq.pending().min(budget);
+            chunks.push(Chunk { seq: id, len: n });
+            budget -= n;
+            self.running.push(id);
+        }
+        (chunks, overflow)
+    }
+
+    fn preempt(&mut self, id: SeqId, seqs: &mut HashMap<SeqId, Sequence>, bm: &mut BlockManager) {
+        let seq = seqs.get_mut(&id).expect("preempted sequence exists");
+        // Blocks come from this manager, so freeing cannot double-free; ignore the Ok.
+        let _ = bm.free(&seq.table);
+        seq.table.clear();
+        seq.num_computed = 0;
+        seq.status = Status::Waiting;
+        seq.preemptions += 1;
+        self.running.retain(|&s| s != id);
+        self.waiting.push_front(id);
+    }
+}

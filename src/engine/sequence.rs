@@ -1,0 +1,84 @@
+//! One request in flight: its tokens, how many have K/V in the pool, its block table, and its
+//! sampling state. Prompt embeddings (text + vision features) are kept so a preempted
+//! sequence can be recomputed without running the vision tower again.
+
+use candle_core::Tensor;
+
+use super::block_manager::BlockId;
+use crate::generate::{FinishReason, Sampler, SamplingParams, TokenConstraint};
+use crate::models::position::decode_positions;
+
+pub type SeqId = u64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Waiting,
+    Running,
+    Finished,
+}
+
+pub struct Sequence {
+    pub id: SeqId,
+    /// Prompt then generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Per prompt token: content hash of the image/video it stands for (0 for text), so prefix
+    /// cache keys differ when the media differ.
+    pub extra: Vec<u64>,
+    /// `[prompt_len, hidden]` embeddings with vision features spliced in.
+    pub prompt_embeds: Tensor,
+    pub prompt_positions: [Vec<i64>; 3],
+    pub rope_delta: i64,
+    /// Tokens whose K/V are in the pool.
+    pub num_computed: usize,
+    pub table: Vec<BlockId>,
+    pub status: Status,
+    pub params: SamplingParams,
+    pub sampler: Sampler,
+    pub constraint: Option<Box<dyn TokenConstraint>>,
+    pub logprobs: Vec<f32>,
+    pub finish: Option<FinishReason>,
+    /// Prompt tokens served from the prefix cache at (first) admission.
+    pub cached_tokens: usize,
+    pub admitted_once: bool,
+    pub preemptions: usize,
+    /// Context window of the model (positions are capped by it).
+    pub max_context: usize,
+}
+
+impl Sequence {
+    pub fn generated(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    /// Tokens still to compute before the next sample.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// Extra keys for all current tokens (generated tokens are text: 0).
+    pub fn extra_keys(&self) -> Vec<u64> {
+        let mut e = self.extra.clone();
+        e.resize(self.tokens.len(), 0);
+        e
+    }
+
+    /// Positions of tokens `start..end`.
+    pub fn positions(&self, start: usize, end: usize) -> [Vec<i64>; 3] {
+        let mut out: [Vec<i64>; 3] = [vec![], vec![], vec![]];
+        let p_end = end.min(self.prompt_len);
+        if start < p_end {
+            for c in 0..3 {
+                out[c].extend_from_slice(&self.prompt_positions[c][start..p_end]);
+            }
+        }
+        let g_start = start.max(self.prompt_len);
+        if g_start < end {
+            let d = decode_positions(g_start, end - g_start, self.rope_delta);
+            for c in 0..3 {
+                out[c].extend_from_slice(&d[c]);
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,104 @@
+//! Vision-encoder cache: merged patch features keyed by the content hash of the preprocessed
+//! patches (which covers the pixels, the resize and the grid), LRU-bounded. A keyframe shown
+//! to five agents over several refinement rounds is encoded once.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+use candle_core::Tensor;
+
+use crate::vision::Patches;
+
+/// Deterministic 64-bit content hash of preprocessed patches (never 0, which means "text").
+pub fn content_hash(p: &Patches) -> u64 {
+    // SipHash with fixed keys: stable within a build, which is all an in-process cache needs.
+    let mut h = std::hash::DefaultHasher::new();
+    p.grid_thw.hash(&mut h);
+    for x in &p.data {
+        x.to_bits().hash(&mut h);
+    }
+    h.finish().max(1)
+}
+
+pub struct VisionCache {
+    capacity: usize,
+    tick: u64,
+    map: HashMap<u64, (Tensor, u64)>,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl VisionCache {
+    pub fn new(capacity: usize) -> Self {
+        VisionCache { capacity, tick: 0, map: HashMap::new(), hits: 0, misses: 0 }
+    }
+
+    pub fn get(&mut self, key: u64) -> Option<Tensor> {
+        self.tick += 1;
+        let tick = self.tick;
+        match self.map.get_mut(&key) {
+            Some((t, last)) => {
+                *last = tick;
+                self.hits += 1;
+                Some(t.clone())
+            }
+            None => {
+                self.misses += 1;
+                None
+            }
+        }
+    }
+
+    pub fn insert(&mut self, key: u64, features: Tensor) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.map.len() >= self.capacity && !self.map.contains_key(&key) {
+            // Linear scan is fine: capacities are tens of entries, inserts happen per new image.
+            if let Some(&old) = self.map.iter().min_by_key(|(_, (_, last))| *last).map(|(k, _)| k) {
+                self.map.remove(&old);
+            }
+        }
+        self.tick += 1;
+        self.map.insert(key, (features, self.tick));
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn lru_evicts_least_recently_used() {
+        let mut c = VisionCache::new(2);
+        let t = Tensor::zeros(1, candle_core::DType::F32, &Device::Cpu).unwrap();
+        c.insert(1, t.clone());
+        c.insert(2, t.clone());
+        assert!(c.get(1).is_some()); // 2 is now the least recently used
+        c.insert(3, t);
+        assert!(c.get(2).is_none());
+        assert!(c.get(1).is_some() && c.get(3).is_some());
+        assert_eq!((c.hits, c.misses), (3, 1));
+    }
+
+    #[test]
+    fn hash_depends_on_pixels_and_grid() {
+        let p = Patches { data: vec![0.5; 8], grid_thw: [1, 2, 2], patch_dim: 2 };
+        let mut q = p.clone();
+        q.data[3] = 0.25;
+        let mut r = p.clone();
+        r.grid_thw = [1, 1, 4];
+        assert_ne!(content_hash(&p), content_hash(&q));
+        assert_ne!(content_hash(&p), content_hash(&r));
+        assert_eq!(content_hash(&p), content_hash(&p.clone()));
+    }
+}
