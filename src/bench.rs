@@ -43,6 +43,7 @@ pub struct RunReport {
 #[derive(Clone, Debug, Serialize)]
 pub struct AgentsReport {
     pub dialogues: usize,
+    pub keyframes: usize,
     pub new_tokens: usize,
     pub with_cache: RunReport,
     pub without_cache: RunReport,
@@ -63,13 +64,13 @@ fn dialogue_text(d: &[(&str, &str)], listener: &str) -> String {
     s
 }
 
-fn request(d: usize, agent: usize, upstream: &[(usize, String)], keyframe: Option<&image::RgbImage>, new_tokens: usize) -> ChatRequest {
+fn request(d: usize, agent: usize, upstream: &[(usize, String)], keyframes: &[image::RgbImage], new_tokens: usize) -> ChatRequest {
     let dlg = DIALOGUES[d % DIALOGUES.len()];
     let listener = dlg[dlg.len() - 2].0;
     // Shared part first (system, keyframe, dialogue); agent-specific text last.
     let mut content = vec![];
     let mut media = vec![];
-    if let Some(img) = keyframe {
+    for img in keyframes {
         content.push(ContentPart::Image);
         media.push(Media::Image(img.clone()));
     }
@@ -94,7 +95,7 @@ pub fn run_once(
     cfg: &EngineConfig,
     dialogues: usize,
     new_tokens: usize,
-    keyframe: Option<&image::RgbImage>,
+    keyframes: &[image::RgbImage],
 ) -> Result<RunReport> {
     let mut engine = Engine::new(make_runtime()?, cfg.clone())?;
     let schedule: Vec<usize> = (0..AGENTS.len()).chain(REFINE).collect();
@@ -102,7 +103,7 @@ pub fn run_once(
     let t0 = Instant::now();
     let mut requests = 0;
     for &agent in &schedule {
-        let reqs = (0..dialogues).map(|d| request(d, agent, &outputs[d], keyframe, new_tokens)).collect::<Vec<_>>();
+        let reqs = (0..dialogues).map(|d| request(d, agent, &outputs[d], keyframes, new_tokens)).collect::<Vec<_>>();
         requests += reqs.len();
         for (d, r) in engine.run_all(reqs).into_iter().enumerate() {
             let c = r?;
@@ -119,15 +120,16 @@ pub fn run_agents(
     cfg: &EngineConfig,
     dialogues: usize,
     new_tokens: usize,
-    keyframe: Option<&image::RgbImage>,
+    keyframes: &[image::RgbImage],
 ) -> Result<AgentsReport> {
     let on = EngineConfig { prefix_caching: true, ..cfg.clone() };
     let off = EngineConfig { prefix_caching: false, ..cfg.clone() };
-    let with_cache = run_once(make_runtime, &on, dialogues, new_tokens, keyframe)?;
-    let without_cache = run_once(make_runtime, &off, dialogues, new_tokens, keyframe)?;
+    let with_cache = run_once(make_runtime, &on, dialogues, new_tokens, keyframes)?;
+    let without_cache = run_once(make_runtime, &off, dialogues, new_tokens, keyframes)?;
     let p = &with_cache.stats.prefix;
     Ok(AgentsReport {
         dialogues,
+        keyframes: keyframes.len(),
         new_tokens,
         cache_hit_fraction: p.cached_tokens as f64 / p.prompt_tokens.max(1) as f64,
         computed_ratio: p.computed_tokens as f64 / without_cache.stats.prefix.computed_tokens.max(1) as f64,

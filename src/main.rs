@@ -49,9 +49,14 @@ struct BenchAgentsArgs {
     dialogues: usize,
     #[arg(long, default_value_t = 24)]
     new_tokens: usize,
-    /// Keyframe shown with every dialogue (default: a synthetic 224×224 frame; "none" = text only).
+    /// Keyframe image shown with every dialogue (default: synthetic frames).
     #[arg(long)]
-    keyframe: Option<String>,
+    keyframe: Option<PathBuf>,
+    /// Keyframes per dialogue (0 = text only); a 448×448 frame is 256 Qwen2.5-VL tokens.
+    #[arg(long, default_value_t = 4)]
+    keyframes: usize,
+    #[arg(long, default_value_t = 448)]
+    keyframe_size: u32,
     #[arg(long, default_value = "cpu")]
     device: String,
     #[arg(long)]
@@ -334,11 +339,14 @@ fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
     let device = parse_device(&a.device)?;
     let dtype = a.dtype.as_deref().map(parse_dtype).transpose()?;
     let cfg = a.engine.config()?;
-    let keyframe = match a.keyframe.as_deref() {
-        Some("none") => None,
-        Some(p) => Some(merg::vision::load_image(std::path::Path::new(p))?),
-        None => Some(image::RgbImage::from_fn(224, 224, |x, y| image::Rgb([x as u8, y as u8, ((x * y) % 251) as u8]))),
-    };
+    let frames: Vec<image::RgbImage> = (0..a.keyframes)
+        .map(|k| match &a.keyframe {
+            Some(p) => merg::vision::load_image(p),
+            None => Ok(image::RgbImage::from_fn(a.keyframe_size, a.keyframe_size, |x, y| {
+                image::Rgb([(x + 40 * k as u32) as u8, y as u8, ((x * y + k as u32) % 251) as u8])
+            })),
+        })
+        .collect::<Result<_>>()?;
     let make: Box<dyn Fn() -> Result<Runtime>> = match &a.model {
         Some(m) => {
             let m = m.clone();
@@ -362,7 +370,7 @@ fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
             })
         }
     };
-    let report = merg::bench::run_agents(&*make, &cfg, a.dialogues, a.new_tokens, keyframe.as_ref())?;
+    let report = merg::bench::run_agents(&*make, &cfg, a.dialogues, a.new_tokens, &frames)?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }

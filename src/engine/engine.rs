@@ -137,8 +137,8 @@ impl Engine {
         let mut image_feats = vec![];
         let mut video_feats = vec![];
         let mut hashes = (vec![], vec![]);
-        for item in &items {
-            let key = content_hash(&item.patches);
+        for (item, m) in items.iter().zip(&req.media) {
+            let key = content_hash(m);
             let feats = match self.vision_cache.get(key) {
                 Some(f) => f,
                 None => {
