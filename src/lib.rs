@@ -10,6 +10,7 @@
 pub mod bench;
 pub mod chat;
 pub mod config;
+pub mod dialogue;
 pub mod engine;
 pub mod generate;
 pub mod hub;
