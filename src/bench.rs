@@ -85,6 +85,7 @@ fn request(d: usize, agent: usize, upstream: &[(usize, String)], keyframes: &[im
         messages: vec![Message::text("system", system), Message::new("user", content)],
         media,
         sampling: SamplingParams { max_new_tokens: new_tokens, stop_token_ids: vec![u32::MAX], ..Default::default() },
+        schema: None,
         constraint: None,
     }
 }

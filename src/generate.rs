@@ -36,6 +36,9 @@ impl SamplingParams {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             bail!("--top-p must be in (0, 1], got {}", self.top_p);
         }
+        if self.max_new_tokens == 0 {
+            bail!("--max-new-tokens must be at least 1");
+        }
         Ok(())
     }
 }
@@ -218,36 +221,55 @@ pub fn decode_loop(
     let vocab = model.cfg.text.vocab_size;
     let mut out = Generation { tokens: vec![], logprobs: vec![], finish: FinishReason::Length, prompt_tokens: prompt_len };
     let mut past = prompt_len;
-    for step in 0..params.max_new_tokens {
-        let mask = match constraint.as_deref_mut() {
-            Some(c) => c.allowed(vocab)?,
-            None => None,
-        };
-        let (tok, lp) = sampler.sample_masked(&logits, mask.as_deref())?;
+    loop {
+        let (tok, lp, finish) =
+            sample_step(&mut sampler, constraint.as_deref_mut(), &logits, vocab, out.tokens.len() + 1, past + 1, ctx)?;
         out.tokens.push(tok);
         out.logprobs.push(lp);
-        if let Some(c) = constraint.as_deref_mut() {
-            c.commit(tok)?;
-            if c.is_finished() {
-                out.finish = FinishReason::Stop;
-                break;
-            }
-        }
-        if params.stop_token_ids.contains(&tok) {
-            out.finish = FinishReason::Stop;
-            break;
-        }
-        if step + 1 == params.max_new_tokens {
-            break;
-        }
-        if past + 1 >= ctx {
-            out.finish = FinishReason::Context;
+        if let Some(f) = finish {
+            out.finish = f;
             break;
         }
         logits = model.decode_step(tok, past, rope_delta, kv)?;
         past += 1;
     }
     Ok(out)
+}
+
+/// One sampling step, shared by the dense loop above and the paged engine: picks a token under
+/// the optional constraint and says whether generation ends with it. `generated` and `total`
+/// count the tokens after this one (generated only / prompt + generated).
+pub fn sample_step(
+    sampler: &mut Sampler,
+    constraint: Option<&mut (dyn TokenConstraint + '_)>,
+    logits: &Tensor,
+    vocab: usize,
+    generated: usize,
+    total: usize,
+    ctx: usize,
+) -> Result<(u32, f32, Option<FinishReason>)> {
+    let (tok, lp) = match constraint {
+        Some(c) => {
+            let mask = c.allowed(vocab)?;
+            let picked = sampler.sample_masked(logits, mask.as_deref())?;
+            c.commit(picked.0)?;
+            if c.is_finished() {
+                return Ok((picked.0, picked.1, Some(FinishReason::Stop)));
+            }
+            picked
+        }
+        None => sampler.sample(logits)?,
+    };
+    let finish = if sampler.params.stop_token_ids.contains(&tok) {
+        Some(FinishReason::Stop)
+    } else if generated >= sampler.params.max_new_tokens {
+        Some(FinishReason::Length)
+    } else if total >= ctx {
+        Some(FinishReason::Context)
+    } else {
+        None
+    };
+    Ok((tok, lp, finish))
 }
 
 #[cfg(test)]

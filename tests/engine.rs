@@ -55,7 +55,7 @@ fn mixed_request(i: usize, new_tokens: usize) -> ChatRequest {
             vec![Media::Image(image(IMAGES[i % 2]))],
         ),
     };
-    ChatRequest { messages: vec![Message::new("user", content)], media, sampling: greedy(new_tokens), constraint: None }
+    ChatRequest { messages: vec![Message::new("user", content)], media, sampling: greedy(new_tokens), schema: None, constraint: None }
 }
 
 fn tokens(r: &[anyhow::Result<Completion>]) -> Vec<Vec<u32>> {
@@ -115,8 +115,8 @@ fn sixty_four_sequences_on_a_pool_for_eight() {
 fn request_larger_than_the_pool_fails_alone() {
     let mut eng = engine("qwen2_vl", 4, true); // 64 token slots
     let long = "word ".repeat(200);
-    let big = ChatRequest { messages: vec![Message::text("user", long)], media: vec![], sampling: greedy(4), constraint: None };
-    let small = ChatRequest { messages: vec![Message::text("user", "hi")], media: vec![], sampling: greedy(4), constraint: None };
+    let big = ChatRequest { messages: vec![Message::text("user", long)], media: vec![], sampling: greedy(4), schema: None, constraint: None };
+    let small = ChatRequest { messages: vec![Message::text("user", "hi")], media: vec![], sampling: greedy(4), schema: None, constraint: None };
     let r = eng.run_all(vec![big, small]);
     let e = format!("{:#}", r[0].as_ref().unwrap_err());
     assert!(e.contains("whole pool has 4"), "{e}");
@@ -148,7 +148,7 @@ fn dialogue_text_cannot_inject_control_tokens() {
     assert_eq!(count(sp.im_end), 2);
     assert_eq!(count(sp.image_pad), 0);
     let mut eng = Engine::new(rt, EngineConfig { kv_memory: KvMemory::Blocks(32), ..Default::default() }).unwrap();
-    let r = eng.run_all(vec![ChatRequest { messages: msgs, media: vec![], sampling: greedy(3), constraint: None }]);
+    let r = eng.run_all(vec![ChatRequest { messages: msgs, media: vec![], sampling: greedy(3), schema: None, constraint: None }]);
     assert_eq!(r[0].as_ref().unwrap().prompt_tokens, ids.len());
 }
 

@@ -2,19 +2,21 @@
 //! scheduler, and a vision-feature cache, driven one packed step at a time.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use serde::Serialize;
 
 use super::block_manager::{BlockManager, CacheStats};
+use super::constraint::ConstraintFactory;
 use super::kv_pool::{num_blocks_for, KvMemory, KvPool};
 use super::paged_attention::{PagedStep, SeqRun};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence, Status};
 use super::vision_cache::{content_hash, VisionCache};
 use crate::chat::Message;
-use crate::generate::{FinishReason, Sampler, SamplingParams, TokenConstraint};
+use crate::generate::{sample_step, FinishReason, Sampler, SamplingParams, TokenConstraint};
 use crate::models::position::rope_index;
 use crate::runtime::{Media, Runtime};
 
@@ -43,12 +45,27 @@ impl Default for EngineConfig {
     }
 }
 
-/// A chat request: messages, their media in placeholder order, sampling, optional schema.
+/// A chat request: messages, their media in placeholder order, sampling, and optionally a JSON
+/// schema the output must follow (or any other token constraint).
 pub struct ChatRequest {
     pub messages: Vec<Message>,
     pub media: Vec<Media>,
     pub sampling: SamplingParams,
+    /// Compiled by the engine's `ConstraintFactory` (built from the checkpoint's tokenizer).
+    pub schema: Option<serde_json::Value>,
+    /// A ready-made constraint instead of a schema.
     pub constraint: Option<Box<dyn TokenConstraint>>,
+}
+
+impl ChatRequest {
+    pub fn new(messages: Vec<Message>, media: Vec<Media>, sampling: SamplingParams) -> Self {
+        ChatRequest { messages, media, sampling, schema: None, constraint: None }
+    }
+
+    pub fn with_schema(mut self, schema: serde_json::Value) -> Self {
+        self.schema = Some(schema);
+        self
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -82,6 +99,8 @@ pub struct Engine {
     seqs: HashMap<SeqId, Sequence>,
     vision_cache: VisionCache,
     next_id: SeqId,
+    /// Built on the first schema request (the token trie takes a moment), then shared.
+    constraints: Option<Arc<ConstraintFactory>>,
     steps: u64,
     preemptions: u64,
     max_context: usize,
@@ -100,6 +119,7 @@ impl Engine {
             seqs: HashMap::new(),
             vision_cache: VisionCache::new(cfg.vision_cache_entries),
             next_id: 0,
+            constraints: None,
             steps: 0,
             preemptions: 0,
             max_context,
@@ -120,6 +140,23 @@ impl Engine {
         }
     }
 
+    /// Uses `f` for JSON schemas (needed when the runtime has no tokenizer file, e.g. dummy
+    /// weights with a separate tokenizer).
+    pub fn set_constraint_factory(&mut self, f: Arc<ConstraintFactory>) {
+        self.constraints = Some(f);
+    }
+
+    fn constraint_factory(&mut self) -> Result<Arc<ConstraintFactory>> {
+        if let Some(f) = &self.constraints {
+            return Ok(f.clone());
+        }
+        let files = self.runtime.files.as_ref().context("a JSON schema needs the tokenizer file: this runtime has none (set_constraint_factory)")?;
+        let stop = self.runtime.tokenizer.special().im_end;
+        let f = Arc::new(ConstraintFactory::from_tokenizer_json(&files.tokenizer, stop)?);
+        self.constraints = Some(f.clone());
+        Ok(f)
+    }
+
     pub fn num_free_blocks(&self) -> usize {
         self.bm.num_available()
     }
@@ -130,7 +167,13 @@ impl Engine {
 
     /// Tokenizes, preprocesses and encodes media (through the vision cache), then queues the
     /// request. Fails for this request only (bad media, too long, larger than the pool).
-    pub fn add_request(&mut self, req: ChatRequest) -> Result<SeqId> {
+    pub fn add_request(&mut self, mut req: ChatRequest) -> Result<SeqId> {
+        if let Some(schema) = req.schema.take() {
+            if req.constraint.is_some() {
+                bail!("a request takes a JSON schema or a constraint, not both");
+            }
+            req.constraint = Some(Box::new(self.constraint_factory()?.json_schema(&schema)?));
+        }
         let rt = &self.runtime;
         let items = rt.preprocess_media(&req.messages, &req.media)?;
         let ids = rt.encode_prompt(&req.messages, &items)?;
@@ -350,27 +393,11 @@ fn seq_embeds(s: &Sequence, a: usize, b: usize, model: &crate::models::QwenVl) -
 
 /// Samples one token; returns true when the sequence is finished.
 fn sample_next(s: &mut Sequence, logits: &Tensor, vocab: usize) -> Result<bool> {
-    let mask = match s.constraint.as_deref_mut() {
-        Some(c) => c.allowed(vocab)?,
-        None => None,
-    };
-    let (tok, lp) = s.sampler.sample_masked(logits, mask.as_deref())?;
+    let (generated, total) = (s.generated().len() + 1, s.tokens.len() + 1);
+    let (tok, lp, finish) =
+        sample_step(&mut s.sampler, s.constraint.as_deref_mut(), logits, vocab, generated, total, s.max_context)?;
     s.tokens.push(tok);
     s.logprobs.push(lp);
-    let mut finish = None;
-    if let Some(c) = s.constraint.as_deref_mut() {
-        c.commit(tok)?;
-        if c.is_finished() {
-            finish = Some(FinishReason::Stop);
-        }
-    }
-    if finish.is_none() && s.params.stop_token_ids.contains(&tok) {
-        finish = Some(FinishReason::Stop);
-    } else if finish.is_none() && s.generated().len() >= s.params.max_new_tokens {
-        finish = Some(FinishReason::Length);
-    } else if finish.is_none() && s.tokens.len() >= s.max_context {
-        finish = Some(FinishReason::Context);
-    }
     s.finish = finish;
     Ok(finish.is_some())
 }

@@ -14,6 +14,7 @@ use super::sequence::SeqId;
 enum Msg {
     Submit(ChatRequest, Sender<Result<Completion>>),
     Stats(Sender<EngineStats>),
+    Inspect(Box<dyn FnOnce(&Engine) + Send>),
     Shutdown,
 }
 
@@ -61,6 +62,17 @@ impl EngineHandle {
         self.submit(req).recv().map_err(|_| anyhow!("engine thread ended"))?
     }
 
+    /// Runs `f` on the engine thread between steps (e.g. to count a prompt's tokens with the
+    /// engine's tokenizer) and returns its result.
+    pub fn inspect<T: Send + 'static>(&self, f: impl FnOnce(&Engine) -> T + Send + 'static) -> Result<T> {
+        let (tx, rx) = channel();
+        let job: Box<dyn FnOnce(&Engine) + Send> = Box::new(move |e| {
+            let _ = tx.send(f(e));
+        });
+        self.tx.send(Msg::Inspect(job)).map_err(|_| anyhow!("engine has shut down"))?;
+        rx.recv().map_err(|_| anyhow!("engine thread ended"))
+    }
+
     pub fn stats(&self) -> Result<EngineStats> {
         let (tx, rx) = channel();
         self.tx.send(Msg::Stats(tx)).map_err(|_| anyhow!("engine has shut down"))?;
@@ -93,6 +105,7 @@ fn serve(engine: &mut Engine, rx: Receiver<Msg>) {
                 Msg::Stats(reply) => {
                     let _ = reply.send(engine.stats());
                 }
+                Msg::Inspect(job) => job(engine),
                 Msg::Shutdown => {
                     for (_, r) in waiting.drain() {
                         let _ = r.send(Err(anyhow!("engine shut down before the request finished")));
