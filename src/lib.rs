@@ -13,6 +13,7 @@ pub mod config;
 pub mod dialogue;
 pub mod engine;
 pub mod generate;
+pub mod pipeline;
 pub mod hub;
 pub mod models;
 pub mod runtime;

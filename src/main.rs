@@ -14,6 +14,8 @@ use merg::models::{DenseKvCache, QwenVl};
 use merg::runtime::{load_media, parse_device, Media, Runtime};
 use merg::weights::parse_dtype;
 
+mod cli;
+
 #[derive(Parser)]
 #[command(name = "merg", version, about = "Multimodal empathetic response generation on Qwen vision-language models")]
 struct Cli {
@@ -31,6 +33,8 @@ enum Cmd {
     Bench(BenchArgs),
     /// The five-agent workload on the paged engine, prefix cache on vs off, in one run.
     BenchAgents(BenchAgentsArgs),
+    /// Answer a dialogue with the five-agent MERG pipeline; prints the reply, writes a trace.
+    Respond(cli::respond::RespondArgs),
 }
 
 #[derive(Args)]
@@ -67,7 +71,7 @@ struct BenchAgentsArgs {
 
 /// Paged-engine settings shared by the commands that run the engine.
 #[derive(Args)]
-struct EngineArgs {
+pub struct EngineArgs {
     /// KV pool size: a fraction of free memory (0.5), bytes (4GiB) or blocks:N.
     #[arg(long, default_value = "0.3")]
     kv_memory: String,
@@ -80,7 +84,7 @@ struct EngineArgs {
 }
 
 impl EngineArgs {
-    fn config(&self) -> Result<merg::engine::EngineConfig> {
+    pub fn config(&self) -> Result<merg::engine::EngineConfig> {
         if self.block_size == 0 {
             anyhow::bail!("--block-size must be at least 1");
         }
@@ -97,7 +101,7 @@ impl EngineArgs {
 }
 
 #[derive(Args)]
-struct ModelArgs {
+pub struct ModelArgs {
     /// Hugging Face repo id (uses the hub cache; HF_HOME / HF_HUB_OFFLINE=1 honoured) or a local directory.
     #[arg(long)]
     model: String,
@@ -211,10 +215,11 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Info(a) => cmd_info(a),
         Cmd::Bench(a) => cmd_bench(a),
         Cmd::BenchAgents(a) => cmd_bench_agents(a),
+        Cmd::Respond(a) => cli::respond::cmd_respond(a),
     }
 }
 
-fn load_runtime(m: &ModelArgs) -> Result<Runtime> {
+pub fn load_runtime(m: &ModelArgs) -> Result<Runtime> {
     let device = parse_device(&m.device)?;
     let dtype = m.dtype.as_deref().map(parse_dtype).transpose()?;
     let files = merg::hub::resolve(&m.model, m.revision.as_deref())?;

@@ -109,6 +109,22 @@ impl Runtime {
         self.tokenizer.encode_chat(messages, true, &counts)
     }
 
+    /// Prompt length without touching pixels: each placeholder's token count comes from the
+    /// image size (`smart_resize`), so callers can budget context cheaply.
+    pub fn count_prompt_tokens(&self, messages: &[Message], media_dims: &[(usize, usize, usize)]) -> Result<usize> {
+        let p = &self.preprocessor;
+        let merge = self.model.cfg.vision.spatial_merge_size.max(1);
+        let counts = media_dims
+            .iter()
+            .map(|&(frames, h, w)| {
+                let (rh, rw) = vision::smart_resize(h, w, p.factor(), p.min_pixels, p.max_pixels)?;
+                let t = if frames <= 1 { 1 } else { frames.div_ceil(p.temporal_patch_size) };
+                Ok(t * (rh / p.patch_size) * (rw / p.patch_size) / (merge * merge))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.tokenizer.encode_chat(messages, true, &counts)?.len())
+    }
+
     /// Tokenizes the messages and preprocesses the media into patch tensors.
     pub fn prepare_request(&self, messages: &[Message], media: &[Media]) -> Result<PreparedRequest> {
         let items = self.preprocess_media(messages, media)?;

@@ -157,6 +157,11 @@ impl Engine {
         Ok(f)
     }
 
+    /// Context window requests are held to.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
     pub fn num_free_blocks(&self) -> usize {
         self.bm.num_available()
     }

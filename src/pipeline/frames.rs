@@ -1,0 +1,160 @@
+//! Keyframes for the agents: sampled from each turn's clip or frame list, or from one video of
+//! the whole dialogue, then capped. Policies (all reported in the trace):
+//! - at most `frames_per_turn` evenly spaced frames per turn clip / frame list;
+//! - at most `max_frames` overall, keeping the most recent (the turn being answered matters most);
+//! - frames that do not fit the context window are dropped oldest first (`fit_to_context`);
+//! - unreadable media are an error, or with `skip_bad_media` a note and text only for that source.
+
+use std::path::Path;
+
+use anyhow::{bail, Result};
+use image::RgbImage;
+use serde::{Deserialize, Serialize};
+
+use crate::dialogue::Dialogue;
+
+#[derive(Clone, Debug)]
+pub struct FrameOptions {
+    pub frames_per_turn: usize,
+    pub max_frames: usize,
+    pub skip_bad_media: bool,
+}
+
+impl Default for FrameOptions {
+    fn default() -> Self {
+        FrameOptions { frames_per_turn: 1, max_frames: 8, skip_bad_media: false }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Keyframe {
+    /// Index of the turn the frame belongs to; `None` for a whole-dialogue video or frame list.
+    pub turn: Option<usize>,
+    /// File (and frame index for videos), for the trace.
+    pub source: String,
+    pub image: RgbImage,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FrameReport {
+    pub kept: Vec<String>,
+    pub dropped: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+/// Collects keyframes in dialogue order (per-turn first, then whole-dialogue media).
+pub fn collect(d: &Dialogue, opts: &FrameOptions, report: &mut FrameReport) -> Result<Vec<Keyframe>> {
+    let mut out = vec![];
+    for (ti, turn) in d.turns.iter().enumerate() {
+        if !turn.frames.is_empty() {
+            for p in evenly(&turn.frames, opts.frames_per_turn) {
+                load_or_skip(opts, report, p, |p| Ok(vec![(p.display().to_string(), crate::vision::load_image(p)?)]), Some(ti), &mut out)?;
+            }
+        } else if let Some(v) = &turn.video {
+            load_or_skip(opts, report, v, |p| video_frames(p, opts.frames_per_turn), Some(ti), &mut out)?;
+        }
+    }
+    for p in &d.frames {
+        load_or_skip(opts, report, p, |p| Ok(vec![(p.display().to_string(), crate::vision::load_image(p)?)]), None, &mut out)?;
+    }
+    if let Some(v) = &d.video {
+        load_or_skip(opts, report, v, |p| video_frames(p, opts.max_frames.max(1)), None, &mut out)?;
+    }
+    if out.len() > opts.max_frames {
+        let n = out.len() - opts.max_frames;
+        let dropped: Vec<Keyframe> = out.drain(..n).collect();
+        report.notes.push(format!("{} keyframes found, --max-frames {}: dropped the {n} oldest", n + opts.max_frames, opts.max_frames));
+        report.dropped.extend(dropped.into_iter().map(|f| f.source));
+    }
+    report.kept = out.iter().map(|f| f.source.clone()).collect();
+    Ok(out)
+}
+
+/// Drops the oldest frames until `fits` accepts the rest (the text alone must fit).
+pub fn fit_to_context(
+    frames: &mut Vec<Keyframe>,
+    report: &mut FrameReport,
+    mut fits: impl FnMut(&[Keyframe]) -> Result<bool>,
+) -> Result<()> {
+    let before = frames.len();
+    while !fits(frames)? {
+        if frames.is_empty() {
+            bail!("the dialogue text alone does not fit the context window with the agents' token budget; shorten the history or lower --max-new-tokens");
+        }
+        let f = frames.remove(0);
+        report.dropped.push(f.source);
+    }
+    if frames.len() < before {
+        report.notes.push(format!(
+            "{} of {before} keyframes did not fit the context window: dropped oldest first",
+            before - frames.len()
+        ));
+        report.kept = frames.iter().map(|f| f.source.clone()).collect();
+    }
+    Ok(())
+}
+
+fn load_or_skip(
+    opts: &FrameOptions,
+    report: &mut FrameReport,
+    path: &Path,
+    load: impl FnOnce(&Path) -> Result<Vec<(String, RgbImage)>>,
+    turn: Option<usize>,
+    out: &mut Vec<Keyframe>,
+) -> Result<()> {
+    match load(path) {
+        Ok(frames) => {
+            out.extend(frames.into_iter().map(|(source, image)| Keyframe { turn, source, image }));
+            Ok(())
+        }
+        Err(e) if opts.skip_bad_media => {
+            report.notes.push(format!("skipped unreadable media {}: {e:#}", path.display()));
+            Ok(())
+        }
+        Err(e) => Err(e.context(format!(
+            "media of {} (pass --skip-bad-media to continue without it)",
+            turn.map(|t| format!("turn {}", t + 1)).unwrap_or_else(|| "the dialogue".into())
+        ))),
+    }
+}
+
+/// `n` evenly spaced items, always including the last (closest to the reply).
+fn evenly<T>(items: &[T], n: usize) -> Vec<&T> {
+    if n == 0 || items.is_empty() {
+        return vec![];
+    }
+    if items.len() <= n {
+        return items.iter().collect();
+    }
+    let step = items.len() as f64 / n as f64;
+    (0..n).map(|i| &items[items.len() - 1 - ((n - 1 - i) as f64 * step) as usize]).collect()
+}
+
+#[cfg(feature = "video")]
+fn video_frames(path: &Path, n: usize) -> Result<Vec<(String, RgbImage)>> {
+    if n == 0 {
+        return Ok(vec![]);
+    }
+    // A very high rate asks for as many frames as allowed: `n`, evenly spaced (factor 1).
+    let v = crate::vision::load_video_frames_with_factor(path, 1e6, n, 1)?;
+    Ok(v.indices.iter().zip(v.frames).map(|(i, f)| (format!("{}#{i}", path.display()), f)).collect())
+}
+
+#[cfg(not(feature = "video"))]
+fn video_frames(path: &Path, _n: usize) -> Result<Vec<(String, RgbImage)>> {
+    bail!("{}: this merg was built without the `video` feature; pass keyframes as images", path.display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evenly_keeps_the_last_and_spreads() {
+        let v: Vec<usize> = (0..10).collect();
+        assert_eq!(evenly(&v, 1), vec![&9]);
+        assert_eq!(evenly(&v, 2), vec![&4, &9]);
+        assert_eq!(evenly(&v, 20).len(), 10);
+        assert!(evenly(&v, 0).is_empty());
+    }
+}

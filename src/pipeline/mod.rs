@@ -1,0 +1,161 @@
+//! The five-agent MERG pipeline (arXiv 2604.18988), training-free: one loaded model plays
+//! every agent through its own prompt, on the engine's shared KV pool.
+//!
+//! - `frames`: keyframes from per-turn clips / frames or one dialogue video, capped and fitted.
+//! - `prompt`: templates in `prompts/` and the shared prefix (system, dialogue, keyframes).
+//! - `mpa`, `caef`, `psp`, `sgrg`, `gra`: one agent each — output type and JSON schema.
+//! - `retrieval`: BM25 exemplar memory for SGRG.
+//! - `orchestrate`: rounds, reflection, re-runs from the earliest faulty stage, selection;
+//!   plus the one-pass baselines.
+//! - `model`: the `AgentModel` interface (the engine, or a test double); `trace`: what a run
+//!   records.
+
+pub mod caef;
+pub mod frames;
+pub mod gra;
+pub mod model;
+pub mod mpa;
+pub mod orchestrate;
+pub mod prompt;
+pub mod psp;
+pub mod retrieval;
+pub mod sgrg;
+pub mod trace;
+
+use serde::{Deserialize, Serialize};
+
+use crate::generate::SamplingParams;
+
+pub use orchestrate::Pipeline;
+pub use trace::Trace;
+
+/// The four audited stages, in pipeline (and audit) order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    Mpa,
+    Caef,
+    Psp,
+    Sgrg,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 4] = [Stage::Mpa, Stage::Caef, Stage::Psp, Stage::Sgrg];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Mpa => "mpa",
+            Stage::Caef => "caef",
+            Stage::Psp => "psp",
+            Stage::Sgrg => "sgrg",
+        }
+    }
+}
+
+/// Cascaded: each agent sees the outputs of the agents before it. Independent: each sees only
+/// the raw input (dialogue, keyframes; SGRG still gets its exemplars).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Cascaded,
+    Independent,
+}
+
+/// One-pass baselines instead of the agents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Baseline {
+    /// A plain "write the next empathetic turn" prompt.
+    Plain,
+    /// Chain-of-Empathy (event → emotion → cause → intent → reply) in one generation.
+    Coe,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PipelineConfig {
+    pub use_mpa: bool,
+    pub use_caef: bool,
+    pub use_psp: bool,
+    pub use_gra: bool,
+    pub mode: Mode,
+    /// Refinement rounds after the first pass.
+    pub t_max: usize,
+    /// Exemplars retrieved for SGRG.
+    pub top_k: usize,
+    /// Final reply by the (c1, c2, c3, c4, −t) rule; off = the last round's reply.
+    pub selection: bool,
+    pub baseline: Option<Baseline>,
+    /// The label set the forecast must come from.
+    pub labels: Vec<String>,
+    /// Per-call sampling; each call's seed is derived from `sampling.seed`, round and agent.
+    pub sampling: SamplingParams,
+    /// Length cap of free-text fields in agent outputs (characters).
+    pub max_field_chars: usize,
+}
+
+pub const MELD_LABELS: [&str; 7] = ["neutral", "joy", "surprise", "anger", "sadness", "disgust", "fear"];
+
+pub const IEMOCAP_LABELS: [&str; 5] = ["neutral", "happy", "sad", "angry", "frustrated"];
+
+/// "meld", "iemocap" or a comma-separated list of labels.
+pub fn labels_from_spec(spec: &str) -> anyhow::Result<Vec<String>> {
+    let v: Vec<String> = match spec.trim().to_lowercase().as_str() {
+        "meld" => MELD_LABELS.iter().map(|s| s.to_string()).collect(),
+        "iemocap" => IEMOCAP_LABELS.iter().map(|s| s.to_string()).collect(),
+        _ => spec.split(',').map(|s| s.trim().to_lowercase()).filter(|s| !s.is_empty()).collect(),
+    };
+    let mut seen = std::collections::HashSet::new();
+    if let Some(d) = v.iter().find(|l| !seen.insert(l.as_str())) {
+        anyhow::bail!("--labels {spec:?}: label {d:?} appears twice");
+    }
+    if v.len() < 2 {
+        anyhow::bail!("--labels {spec:?}: give meld, iemocap or at least two comma-separated labels");
+    }
+    Ok(v)
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            use_mpa: true,
+            use_caef: true,
+            use_psp: true,
+            use_gra: true,
+            mode: Mode::Cascaded,
+            t_max: 2,
+            top_k: 1,
+            selection: true,
+            baseline: None,
+            labels: MELD_LABELS.iter().map(|s| s.to_string()).collect(),
+            sampling: SamplingParams { temperature: 0.7, top_p: 0.9, max_new_tokens: 256, ..Default::default() },
+            max_field_chars: 160,
+        }
+    }
+}
+
+impl PipelineConfig {
+    pub fn enabled(&self, s: Stage) -> bool {
+        match s {
+            Stage::Mpa => self.use_mpa,
+            Stage::Caef => self.use_caef,
+            Stage::Psp => self.use_psp,
+            Stage::Sgrg => true,
+        }
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.t_max > 5 {
+            anyhow::bail!("--t-max must be 0..=5, got {}", self.t_max);
+        }
+        if self.top_k > 5 {
+            anyhow::bail!("--top-k must be 0..=5, got {}", self.top_k);
+        }
+        if self.labels.len() < 2 {
+            anyhow::bail!("the emotion label set needs at least two labels, got {:?}", self.labels);
+        }
+        if self.max_field_chars == 0 {
+            anyhow::bail!("--max-field-chars must be at least 1");
+        }
+        self.sampling.validate()
+    }
+}
