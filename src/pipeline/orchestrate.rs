@@ -116,8 +116,8 @@ impl<'a> Pipeline<'a> {
         })
     }
 
-    /// Drops the oldest keyframes until the longest call (GRA with every upstream output at
-    /// full budget) fits the context window.
+    /// Drops the oldest keyframes until the longest call (GRA, quoting every upstream output)
+    /// fits the context window.
     fn fit_frames(&self, d: &Dialogue, keyframes: &mut Vec<Keyframe>, report: &mut FrameReport) -> Result<()> {
         let budget = self.cfg.sampling.max_new_tokens;
         let window = self.model.context_window();
@@ -125,8 +125,9 @@ impl<'a> Pipeline<'a> {
         frames::fit_to_context(keyframes, report, |kf| {
             let shared = SharedContext::build(self.prompts, d, kf)?;
             let n = self.model.count_tokens(&shared.messages(&probe), &media_dims(&shared.media))?;
-            // Four upstream outputs in the GRA prompt plus its own (double-budget) output.
-            Ok(n + 6 * budget <= window)
+            // GRA's own output (double budget) plus room for the four upstream outputs it
+            // quotes (schema-capped, so together about one budget).
+            Ok(n + 3 * budget <= window)
         })
     }
 
