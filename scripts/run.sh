@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The README's main command: builds merg (release) and runs it. With no arguments it answers a
-# prompt about an image on the tiny bundled checkpoint; otherwise the arguments go to `merg`.
+# The README's main command: builds merg (release) and runs it. With no arguments it runs the
+# five-agent pipeline (`merg respond`) on the example dialogue and its keyframes with the tiny
+# bundled checkpoint (random weights: the reply is noise, the trace shows the machinery);
+# otherwise the arguments go to `merg`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 FEATURES=${MERG_FEATURES:-}
 cargo build --release -q ${FEATURES:+--features "$FEATURES"}
 if [ $# -eq 0 ]; then
-  set -- generate --model tests/fixtures/tiny-qwen2_5-vl \
-    --image tests/fixtures/media/img_a.png --prompt "How does the person in this picture feel?" \
-    --max-new-tokens 16 --json
+  set -- respond --model tests/fixtures/tiny-qwen2_5-vl \
+    --dialogue examples/dialogue.json --memory examples/memory.jsonl \
+    --max-new-tokens 240 --max-field-chars 16 --trace example.trace.json
 fi
 exec target/release/merg "$@"
