@@ -14,6 +14,7 @@ pub mod dialogue;
 pub mod engine;
 pub mod generate;
 pub mod hub;
+pub mod metrics;
 pub mod models;
 pub mod runtime;
 
