@@ -467,3 +467,50 @@ fn greedy_match(hyp: &Tensor, hyp_ids: &[u32], rf: &Tensor, ref_ids: &[u32], idf
     }
     Ok(Score { precision: p, recall: r, f1: f })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(rows: &[[f32; 2]]) -> Tensor {
+        let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+        let t = Tensor::from_vec(flat, (rows.len(), 2), &Device::Cpu).unwrap();
+        normalize_rows(&t).unwrap()
+    }
+
+    #[test]
+    fn strip_like_python() {
+        assert_eq!(py_strip("\u{1c} \t a b \u{a0}\n\u{1f}"), "a b");
+        assert_eq!(py_strip("\u{200b}x"), "\u{200b}x"); // zero-width space is not whitespace
+    }
+
+    #[test]
+    fn greedy_match_weights_and_empties() {
+        let no_idf = IdfWeights { weights: HashMap::from([(0, 0.0), (2, 0.0)]), default: 1.0 };
+        // hyp: [CLS, a, SEP]; ref: [CLS, a', b, SEP] with a' = a.
+        let hyp = unit(&[[1.0, 1.0], [1.0, 0.0], [0.0, -1.0]]);
+        let rf = unit(&[[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]);
+        let s = greedy_match(&hyp, &[0, 5, 2], &rf, &[0, 5, 6, 2], &no_idf).unwrap();
+        // P: token a matches a' exactly. R: a' -> 1, b -> best is CLS of hyp (cos 45°).
+        let r = (1.0 + 0.5f64.sqrt()) / 2.0;
+        assert!((s.precision - 1.0).abs() < 1e-6 && (s.recall - r).abs() < 1e-6);
+        assert!((s.f1 - 2.0 * r / (1.0 + r)).abs() < 1e-6);
+        // An empty side (only CLS, SEP) scores 0 everywhere.
+        let empty = unit(&[[1.0, 1.0], [0.0, -1.0]]);
+        let z = greedy_match(&empty, &[0, 2], &rf, &[0, 5, 6, 2], &no_idf).unwrap();
+        assert_eq!((z.precision, z.recall, z.f1), (0.0, 0.0, 0.0));
+        // All-zero idf on a non-empty hypothesis: P is NaN (0/0) and F falls back to 0, as in
+        // the package.
+        let zero = IdfWeights { weights: HashMap::new(), default: 0.0 };
+        let n = greedy_match(&hyp, &[0, 5, 2], &rf, &[0, 5, 6, 2], &zero).unwrap();
+        assert!(n.precision.is_nan() && n.f1 == 0.0);
+    }
+
+    #[test]
+    fn rescale_formula() {
+        let b = Baseline::new(0.8, 0.5, 0.6);
+        let s = b.rescale(Score { precision: 0.9, recall: 0.5, f1: 0.6 });
+        assert!((s.precision - 0.5).abs() < 1e-12 && s.recall == 0.0 && s.f1.abs() < 1e-12);
+        assert!(nan_max(1.0, f64::NAN).is_nan() && nan_max(1.0, 2.0) == 2.0);
+    }
+}
