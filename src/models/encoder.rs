@@ -409,6 +409,10 @@ pub fn normalize_rows(xs: &Tensor) -> Result<Tensor> {
 
 /// A checkpoint resolved through [`crate::hub::resolve`] (local directory, or hub id from the
 /// cache / online per `HubOptions::from_env`), with its parsed config and an f32 `VarBuilder`.
+/// Needs config.json, tokenizer.json and safetensors weights; for a repo that ships only
+/// vocab.txt / vocab.json + merges.txt or pytorch_model.bin, convert once in Python
+/// (`AutoTokenizer.from_pretrained(id).save_pretrained(dir)`, `model.save_pretrained(dir)`) and
+/// pass the directory.
 pub struct Checkpoint {
     pub files: crate::hub::ModelFiles,
     pub config: EncoderConfig,
