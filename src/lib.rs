@@ -15,6 +15,7 @@ pub mod engine;
 pub mod generate;
 pub mod pipeline;
 pub mod hub;
+pub mod metrics;
 pub mod models;
 pub mod runtime;
 

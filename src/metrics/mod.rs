@@ -1,0 +1,2 @@
+pub mod bertscore;
+pub mod polarity;
