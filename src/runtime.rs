@@ -78,34 +78,33 @@ impl Runtime {
     /// Preprocesses each media item into patches + its grid, in the given order (which must be
     /// the order of the `Image`/`Video` parts in the messages).
     pub fn preprocess_media(&self, messages: &[Message], media: &[Media]) -> Result<Vec<MediaItem>> {
-        let placeholders = messages
-            .iter()
-            .flat_map(|m| m.content.iter())
-            .filter(|c| matches!(c, ContentPart::Image | ContentPart::Video))
-            .count();
-        if placeholders != media.len() {
-            bail!("the messages reference {placeholders} images/videos but {} were given", media.len());
-        }
-        media
-            .iter()
-            .map(|m| {
-                let (patches, is_video, secs) = match m {
-                    Media::Image(img) => (vision::preprocess_image(img, &self.preprocessor)?, false, 0.0),
-                    Media::Video { frames, fps } => {
-                        let p = vision::preprocess_video(frames, &self.preprocessor)?;
-                        (p, true, self.preprocessor.temporal_patch_size as f64 / fps)
-                    }
-                };
-                let grid = MediaGrid { thw: patches.grid_thw, is_video, second_per_grid: secs };
-                Ok(MediaItem { patches, grid })
-            })
-            .collect()
+        check_placeholders(messages, media)?;
+        media.iter().map(|m| self.preprocess_one(m)).collect()
+    }
+
+    pub fn preprocess_one(&self, m: &Media) -> Result<MediaItem> {
+        let (patches, is_video, secs) = match m {
+            Media::Image(img) => (vision::preprocess_image(img, &self.preprocessor)?, false, 0.0),
+            Media::Video { frames, fps } => {
+                let p = vision::preprocess_video(frames, &self.preprocessor)?;
+                (p, true, self.preprocessor.temporal_patch_size as f64 / fps)
+            }
+        };
+        let grid = MediaGrid { thw: patches.grid_thw, is_video, second_per_grid: secs };
+        Ok(MediaItem { patches, grid })
     }
 
     /// Prompt token ids with each placeholder expanded to its item's merged-token count.
     pub fn encode_prompt(&self, messages: &[Message], items: &[MediaItem]) -> Result<Vec<u32>> {
-        let merge = self.model.cfg.vision.spatial_merge_size;
-        let counts: Vec<usize> = items.iter().map(|i| i.patches.num_merged_tokens(merge)).collect();
+        let grids: Vec<MediaGrid> = items.iter().map(|i| i.grid.clone()).collect();
+        self.encode_prompt_grids(messages, &grids)
+    }
+
+    /// As `encode_prompt`, from the grids alone (the engine's vision cache keeps grids, so a
+    /// cached image needs no preprocessing at all).
+    pub fn encode_prompt_grids(&self, messages: &[Message], grids: &[MediaGrid]) -> Result<Vec<u32>> {
+        let merge = self.model.cfg.vision.spatial_merge_size.max(1);
+        let counts: Vec<usize> = grids.iter().map(|g| g.thw.iter().product::<usize>() / (merge * merge)).collect();
         self.tokenizer.encode_chat(messages, true, &counts)
     }
 
@@ -156,6 +155,19 @@ impl Runtime {
         let text = self.tokenizer.decode(&generation.tokens, true)?;
         Ok(Reply { text, generation })
     }
+}
+
+/// The messages must have one `Image`/`Video` part per media item.
+pub fn check_placeholders(messages: &[Message], media: &[Media]) -> Result<()> {
+    let placeholders = messages
+        .iter()
+        .flat_map(|m| m.content.iter())
+        .filter(|c| matches!(c, ContentPart::Image | ContentPart::Video))
+        .count();
+    if placeholders != media.len() {
+        bail!("the messages reference {placeholders} images/videos but {} were given", media.len());
+    }
+    Ok(())
 }
 
 /// Loads media files named on the command line; videos are sampled at `fps`.

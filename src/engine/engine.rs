@@ -170,7 +170,8 @@ impl Engine {
         !self.scheduler.is_idle()
     }
 
-    /// Tokenizes, preprocesses and encodes media (through the vision cache), then queues the
+    /// Tokenizes, preprocesses and encodes media (through the vision cache, which skips both
+    /// for a known image), then queues the
     /// request. Fails for this request only (bad media, too long, larger than the pool).
     pub fn add_request(&mut self, mut req: ChatRequest) -> Result<SeqId> {
         if let Some(schema) = req.schema.take() {
@@ -180,33 +181,36 @@ impl Engine {
             req.constraint = Some(Box::new(self.constraint_factory()?.json_schema(&schema)?));
         }
         let rt = &self.runtime;
-        let items = rt.preprocess_media(&req.messages, &req.media)?;
-        let ids = rt.encode_prompt(&req.messages, &items)?;
+        crate::runtime::check_placeholders(&req.messages, &req.media)?;
         let mut image_feats = vec![];
         let mut video_feats = vec![];
         let mut hashes = (vec![], vec![]);
-        for (item, m) in items.iter().zip(&req.media) {
+        let mut grids = Vec::with_capacity(req.media.len());
+        for m in &req.media {
             let key = content_hash(m);
-            let feats = match self.vision_cache.get(key) {
-                Some(f) => f,
+            // A cached item needs neither preprocessing nor the vision tower.
+            let (feats, grid) = match self.vision_cache.get(key) {
+                Some(hit) => hit,
                 None => {
+                    let item = rt.preprocess_one(m)?;
                     let p = item.patches.to_tensor(rt.model.device())?;
                     let f = rt.model.vision.forward(&p, &[item.grid.thw])?;
-                    self.vision_cache.insert(key, f.clone());
-                    f
+                    self.vision_cache.insert(key, f.clone(), item.grid.clone());
+                    (f, item.grid)
                 }
             };
-            if item.grid.is_video {
+            if grid.is_video {
                 video_feats.push(feats);
                 hashes.1.push(key);
             } else {
                 image_feats.push(feats);
                 hashes.0.push(key);
             }
+            grids.push(grid);
         }
+        let ids = rt.encode_prompt_grids(&req.messages, &grids)?;
         let cat = |v: &[Tensor]| -> Result<Option<Tensor>> { Ok(if v.is_empty() { None } else { Some(Tensor::cat(v, 0)?) }) };
-        let media: Vec<_> = items.iter().map(|i| i.grid.clone()).collect();
-        let (positions, rope_delta) = rope_index(&ids, &media, &rt.model.cfg)?;
+        let (positions, rope_delta) = rope_index(&ids, &grids, &rt.model.cfg)?;
         let embeds = rt.model.merge_features(&ids, cat(&image_feats)?.as_ref(), cat(&video_feats)?.as_ref())?;
         let extra = placeholder_keys(&ids, rt.model.cfg.image_token_id, rt.model.cfg.video_token_id, &hashes.0, &hashes.1);
         let mut sampling = req.sampling;

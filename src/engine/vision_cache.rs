@@ -7,6 +7,7 @@ use std::hash::{Hash, Hasher};
 
 use candle_core::Tensor;
 
+use crate::models::MediaGrid;
 use crate::runtime::Media;
 
 /// Deterministic 64-bit content hash of a media item (never 0, which means "text"). Hashing
@@ -34,7 +35,7 @@ pub fn content_hash(m: &Media) -> u64 {
 pub struct VisionCache {
     capacity: usize,
     tick: u64,
-    map: HashMap<u64, (Tensor, u64)>,
+    map: HashMap<u64, (Tensor, MediaGrid, u64)>,
     pub hits: u64,
     pub misses: u64,
 }
@@ -44,14 +45,15 @@ impl VisionCache {
         VisionCache { capacity, tick: 0, map: HashMap::new(), hits: 0, misses: 0 }
     }
 
-    pub fn get(&mut self, key: u64) -> Option<Tensor> {
+    /// Features and grid of a cached item (the grid spares re-preprocessing it).
+    pub fn get(&mut self, key: u64) -> Option<(Tensor, MediaGrid)> {
         self.tick += 1;
         let tick = self.tick;
         match self.map.get_mut(&key) {
-            Some((t, last)) => {
+            Some((t, g, last)) => {
                 *last = tick;
                 self.hits += 1;
-                Some(t.clone())
+                Some((t.clone(), g.clone()))
             }
             None => {
                 self.misses += 1;
@@ -60,18 +62,18 @@ impl VisionCache {
         }
     }
 
-    pub fn insert(&mut self, key: u64, features: Tensor) {
+    pub fn insert(&mut self, key: u64, features: Tensor, grid: MediaGrid) {
         if self.capacity == 0 {
             return;
         }
         if self.map.len() >= self.capacity && !self.map.contains_key(&key) {
             // Linear scan is fine: capacities are tens of entries, inserts happen per new image.
-            if let Some(&old) = self.map.iter().min_by_key(|(_, (_, last))| *last).map(|(k, _)| k) {
+            if let Some(&old) = self.map.iter().min_by_key(|(_, (_, _, last))| *last).map(|(k, _)| k) {
                 self.map.remove(&old);
             }
         }
         self.tick += 1;
-        self.map.insert(key, (features, self.tick));
+        self.map.insert(key, (features, grid, self.tick));
     }
 
     pub fn len(&self) -> usize {
@@ -92,10 +94,11 @@ mod tests {
     fn lru_evicts_least_recently_used() {
         let mut c = VisionCache::new(2);
         let t = Tensor::zeros(1, candle_core::DType::F32, &Device::Cpu).unwrap();
-        c.insert(1, t.clone());
-        c.insert(2, t.clone());
-        assert!(c.get(1).is_some()); // 2 is now the least recently used
-        c.insert(3, t);
+        let g = |n| MediaGrid { thw: [1, n, n], is_video: false, second_per_grid: 0.0 };
+        c.insert(1, t.clone(), g(2));
+        c.insert(2, t.clone(), g(4));
+        assert_eq!(c.get(1).unwrap().1.thw, [1, 2, 2]); // 2 is now the least recently used
+        c.insert(3, t, g(6));
         assert!(c.get(2).is_none());
         assert!(c.get(1).is_some() && c.get(3).is_some());
         assert_eq!((c.hits, c.misses), (3, 1));

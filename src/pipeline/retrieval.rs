@@ -164,7 +164,7 @@ mod tests {
         let m = Memory::new(vec![
             ex("a", "1", "I lost my job today"),
             ex("b", "2", "the job interview went great"),
-            ex("c", "3", "my cat is sick"),
+            ex("c", "3", "the cat is sick"),
             ex("d", "4", "today today today the the the"),
         ]);
         let r = m.search("I lost my job", 2, None);
