@@ -61,7 +61,8 @@ impl AgentModel for Scripted {
         let finish = if out.starts_with("CUT") { FinishReason::Length } else { FinishReason::Stop };
         Ok(AgentReply {
             generated_tokens: out.len(),
-            logprobs: vec![-1.0; out.len()],
+            logprobs: (0..out.len()).map(|i| -(i as f32)).collect(),
+            offsets: (1..=out.len()).collect(),
             text: out,
             finish,
             prompt_tokens: 100,
@@ -163,6 +164,9 @@ fn gra_blaming_caef_reruns_caef_psp_sgrg_and_keeps_mpa() {
     assert_eq!(t.emotion.as_deref(), Some("anger"));
     assert_eq!(t.rounds[1].tuple, [true; 4]);
     assert_eq!(t.totals.calls, 9);
+    // Perplexity inputs: exactly the reply text's tokens (one byte each in the double).
+    assert_eq!(t.reply_logprobs.len(), "reply of round 1".len());
+    assert_eq!(t.reply_logprobs[0], -(r#"{"reply":""#.len() as f32));
 }
 
 #[test]

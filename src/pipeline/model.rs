@@ -30,6 +30,9 @@ pub struct AgentReply {
     pub text: String,
     pub generated_tokens: usize,
     pub logprobs: Vec<f32>,
+    /// Byte length of the decoded text after each generated token (non-decreasing), so a
+    /// field of the JSON output can be mapped back to the tokens that produced it.
+    pub offsets: Vec<usize>,
     pub finish: FinishReason,
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
@@ -77,7 +80,10 @@ impl AgentModel for EngineModel {
         let t = Instant::now();
         let req = ChatRequest::new(call.messages, call.media, call.sampling).with_schema(call.schema);
         let c = self.handle.generate(req)?;
+        let toks = c.tokens.clone();
+        let offsets = self.handle.inspect(move |e| token_offsets(&toks, |t| e.runtime.tokenizer.decode(t, true)))??;
         Ok(AgentReply {
+            offsets,
             text: c.text,
             generated_tokens: c.tokens.len(),
             logprobs: c.logprobs,
@@ -102,6 +108,44 @@ impl AgentModel for EngineModel {
     }
 }
 
+/// Decoded byte length after each token. Incremental decoding can shrink by a few bytes while a
+/// multi-byte character is incomplete; the running maximum keeps offsets monotone.
+pub fn token_offsets(tokens: &[u32], decode: impl Fn(&[u32]) -> Result<String>) -> Result<Vec<usize>> {
+    let mut out = Vec::with_capacity(tokens.len());
+    let mut hi = 0;
+    for i in 1..=tokens.len() {
+        hi = hi.max(decode(&tokens[..i])?.len());
+        out.push(hi);
+    }
+    Ok(out)
+}
+
+/// Log-probs of the tokens that produced the string value of the last `"reply"` field in a
+/// JSON output (tokens straddling its quotes included; the stop token and the JSON wrapper
+/// excluded), so perplexity measures the reply, whatever schema carried it.
+pub fn reply_logprobs(raw: &str, offsets: &[usize], logprobs: &[f32]) -> Vec<f32> {
+    let key = "\"reply\":\"";
+    let Some(k) = raw.rfind(key) else { return vec![] };
+    let start = k + key.len();
+    // The value ends at the first unescaped quote after it.
+    let bytes = raw.as_bytes();
+    let mut end = start;
+    while end < bytes.len() && bytes[end] != b'"' {
+        end += if bytes[end] == b'\\' { 2 } else { 1 };
+    }
+    let end = end.min(raw.len());
+    let mut prev = 0;
+    let mut out = vec![];
+    for (&off, &lp) in offsets.iter().zip(logprobs) {
+        // Token i covers bytes prev..off of the decoded text.
+        if off > start && prev < end {
+            out.push(lp);
+        }
+        prev = off;
+    }
+    out
+}
+
 /// Characters of text in the messages (for trace summaries).
 pub fn text_chars(messages: &[Message]) -> usize {
     messages
@@ -112,4 +156,30 @@ pub fn text_chars(messages: &[Message]) -> usize {
             _ => 0,
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_span_excludes_wrapper_and_handles_escapes() {
+        // Tokens: `{"reply":"` | `Hi` | ` \"x\"` | `!"}` | stop (decodes to nothing).
+        let raw = r#"{"reply":"Hi \"x\"!"}"#;
+        let ends = [10, 12, 18, raw.len(), raw.len()];
+        let lps = [-1.0, -2.0, -3.0, -4.0, -5.0];
+        assert_eq!(reply_logprobs(raw, &ends, &lps), vec![-2.0, -3.0, -4.0]);
+        // Chain-of-Empathy output: only the last "reply" field counts.
+        let coe = r#"{"event":"a","reply":"ok"}"#;
+        let ends: Vec<usize> = (1..=coe.len()).collect();
+        let lps: Vec<f32> = (0..coe.len()).map(|i| i as f32).collect();
+        assert_eq!(reply_logprobs(coe, &ends, &lps), vec![22.0, 23.0]);
+        assert!(reply_logprobs("{}", &[2], &[0.0]).is_empty());
+    }
+
+    #[test]
+    fn offsets_are_monotone() {
+        let dec = |t: &[u32]| Ok(if t.len() == 2 { "a".to_string() } else { "ab".repeat(t.len()) });
+        assert_eq!(token_offsets(&[1, 2, 3], dec).unwrap(), vec![2, 2, 6]);
+    }
 }

@@ -21,7 +21,7 @@ use serde_json::Value;
 use super::caef::{self, Forecast};
 use super::frames::{self, FrameReport, Keyframe};
 use super::gra::{self, Verdict};
-use super::model::{media_dims, AgentCall, AgentModel};
+use super::model::{media_dims, reply_logprobs, AgentCall, AgentModel};
 use super::mpa::{self, Evidence};
 use super::prompt::{Prompts, SharedContext};
 use super::psp::{self, Plan};
@@ -350,7 +350,8 @@ impl Run<'_, '_> {
             raw: r.text,
             error,
         };
-        Ok((output, rec, r.logprobs))
+        let lps = reply_logprobs(&rec.raw, &r.offsets, &r.logprobs);
+        Ok((output, rec, lps))
     }
 }
 

@@ -48,7 +48,8 @@ pub struct RoundRecord {
     pub forecast: Option<Forecast>,
     pub plan: Option<Plan>,
     pub reply: String,
-    /// Model log-probs of the reply's tokens (the JSON wrapper included), for perplexity.
+    /// Model log-probs of the tokens of the reply text (not the JSON wrapper or stop token),
+    /// for perplexity.
     pub reply_logprobs: Vec<f32>,
     pub verdict: Option<Verdict>,
     /// (c1, c2, c3, c4) of this round; all false when GRA gave no verdict.
