@@ -10,10 +10,12 @@
 pub mod bench;
 pub mod chat;
 pub mod config;
+pub mod data;
 pub mod dialogue;
 pub mod engine;
 pub mod generate;
 pub mod hub;
+pub mod metrics;
 pub mod models;
 pub mod runtime;
 
