@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::models::{AttentionBackend, DenseKvCache, QwenVl, VisionInput};
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
     /// 0 = greedy.
     pub temperature: f64,

@@ -10,13 +10,16 @@
 pub mod bench;
 pub mod chat;
 pub mod config;
+pub mod data;
 pub mod dialogue;
 pub mod engine;
+pub mod eval;
 pub mod generate;
 pub mod pipeline;
 pub mod hub;
 pub mod metrics;
 pub mod models;
+pub mod report;
 pub mod runtime;
 
 pub mod tokenizer;

@@ -35,6 +35,12 @@ enum Cmd {
     BenchAgents(BenchAgentsArgs),
     /// Answer a dialogue with the five-agent MERG pipeline; prints the reply, writes a trace.
     Respond(cli::respond::RespondArgs),
+    /// Run the pipeline over a dataset split (resumable, shardable) and summarise the metrics.
+    Eval(Box<cli::eval::EvalArgs>),
+    /// Build the exemplar memory for SGRG from a held-out split (MELD dev, IEMOCAP Session 2).
+    Memory(cli::eval::MemoryArgs),
+    /// Tables, figures and human-evaluation sheets from eval run folders.
+    Report(cli::report::ReportArgs),
 }
 
 #[derive(Args)]
@@ -216,6 +222,9 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench(a) => cmd_bench(a),
         Cmd::BenchAgents(a) => cmd_bench_agents(a),
         Cmd::Respond(a) => cli::respond::cmd_respond(a),
+        Cmd::Eval(a) => cli::eval::cmd_eval(*a),
+        Cmd::Memory(a) => cli::eval::cmd_memory(a),
+        Cmd::Report(a) => cli::report::cmd_report(a),
     }
 }
 

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 
+use merg::data::labels::LabelSet;
 use merg::dialogue::Dialogue;
 use merg::engine::{Engine, EngineThread};
 use merg::generate::SamplingParams;
@@ -33,9 +34,10 @@ pub enum BaselineArg {
 /// Pipeline switches shared by `respond` and `eval`.
 #[derive(Args, Clone)]
 pub struct PipelineArgs {
-    /// Emotion label set: meld, iemocap, or a comma-separated list.
-    #[arg(long, default_value = "meld")]
-    pub labels: String,
+    /// Emotion label set: meld, iemocap, or a comma-separated list (default: meld for
+    /// respond, the dataset's own for eval).
+    #[arg(long)]
+    pub labels: Option<String>,
     /// Refinement rounds after the first pass (0–5).
     #[arg(long, default_value_t = 2)]
     pub t_max: usize,
@@ -105,7 +107,7 @@ impl PipelineArgs {
                 BaselineArg::Plain => Baseline::Plain,
                 BaselineArg::Coe => Baseline::Coe,
             }),
-            labels: merg::pipeline::labels_from_spec(&self.labels)?,
+            labels: LabelSet::from_spec(self.labels.as_deref().unwrap_or("meld"))?.labels,
             sampling: SamplingParams {
                 temperature: self.temperature,
                 top_p: self.top_p,

@@ -1,2 +1,11 @@
+//! Evaluation metrics of generated empathetic replies (exact definitions in
+//! docs/EVALUATION.md): emotion classification scores, Distinct-n, VADER sentiment polarity,
+//! perplexity from the engine's token log-probabilities, BERTScore, and the classifier-based
+//! emotion polarity / empathy score.
+
 pub mod bertscore;
+pub mod classification;
+pub mod distinct;
 pub mod polarity;
+pub mod ppl;
+pub mod sentiment;

@@ -71,7 +71,7 @@ pub enum Baseline {
     Coe,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PipelineConfig {
     pub use_mpa: bool,
     pub use_caef: bool,
@@ -93,27 +93,6 @@ pub struct PipelineConfig {
     pub max_field_chars: usize,
 }
 
-pub const MELD_LABELS: [&str; 7] = ["neutral", "joy", "surprise", "anger", "sadness", "disgust", "fear"];
-
-pub const IEMOCAP_LABELS: [&str; 5] = ["neutral", "happy", "sad", "angry", "frustrated"];
-
-/// "meld", "iemocap" or a comma-separated list of labels.
-pub fn labels_from_spec(spec: &str) -> anyhow::Result<Vec<String>> {
-    let v: Vec<String> = match spec.trim().to_lowercase().as_str() {
-        "meld" => MELD_LABELS.iter().map(|s| s.to_string()).collect(),
-        "iemocap" => IEMOCAP_LABELS.iter().map(|s| s.to_string()).collect(),
-        _ => spec.split(',').map(|s| s.trim().to_lowercase()).filter(|s| !s.is_empty()).collect(),
-    };
-    let mut seen = std::collections::HashSet::new();
-    if let Some(d) = v.iter().find(|l| !seen.insert(l.as_str())) {
-        anyhow::bail!("--labels {spec:?}: label {d:?} appears twice");
-    }
-    if v.len() < 2 {
-        anyhow::bail!("--labels {spec:?}: give meld, iemocap or at least two comma-separated labels");
-    }
-    Ok(v)
-}
-
 impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
@@ -126,7 +105,7 @@ impl Default for PipelineConfig {
             top_k: 1,
             selection: true,
             baseline: None,
-            labels: MELD_LABELS.iter().map(|s| s.to_string()).collect(),
+            labels: crate::data::labels::LabelSet::meld().labels,
             sampling: SamplingParams { temperature: 0.7, top_p: 0.9, max_new_tokens: 256, ..Default::default() },
             max_field_chars: 160,
         }
