@@ -181,3 +181,36 @@ fn merg_respond_cli_writes_a_trace() {
         assert!(!o.status.success() && e.contains(msg) && !e.contains("panicked"), "{file:?}: {e}");
     }
 }
+
+/// IEMOCAP-style: one recording of the dialog; keyframes come from the history turns' spans
+/// and never from the answered turn onward.
+#[test]
+fn recording_keyframes_stop_before_the_answered_turn() {
+    let clip = fixtures().join("media/clip.mp4");
+    let all = merg::vision::load_video_frames_with_factor(&clip, 1e6, 10_000, 1).unwrap();
+    assert_eq!(all.indices, (0..all.total_frames).collect::<Vec<_>>(), "every frame decoded");
+    let fps = all.source_fps as f64;
+    let dur = all.total_frames as f64 / fps;
+    let spans = [(0.0, dur * 0.3), (dur * 0.3, dur * 0.6)];
+    let until = dur * 0.5;
+    let opts = FrameOptions { frames_per_turn: 2, max_frames: 8, skip_bad_media: false };
+    let mut report = FrameReport::default();
+    let kf = frames::from_recording(&clip, &spans, until, &opts, &mut report).unwrap();
+    assert_eq!(kf.iter().map(|k| k.turn).collect::<Vec<_>>(), [Some(0), Some(0), Some(1), Some(1)]);
+    // Turn 1's span is cut at `until`: its frames sit at 0.35 and 0.45 of the clip.
+    let expect = [0.075, 0.225, 0.35, 0.45].map(|x| ((x * dur * fps).floor() as usize).min(all.total_frames - 1));
+    for (k, i) in kf.iter().zip(expect) {
+        assert!(k.image == all.frames[i], "{} is frame {i}", k.source);
+        assert!((i as f64) / fps < until);
+    }
+    // Capped to the most recent, and a missing recording is an error or a note.
+    let mut r = FrameReport::default();
+    let capped = frames::from_recording(&clip, &spans, until, &FrameOptions { max_frames: 3, ..opts.clone() }, &mut r).unwrap();
+    assert_eq!(capped.len(), 3);
+    assert_eq!(capped[0].turn, Some(0));
+    let missing = fixtures().join("media/none.avi");
+    assert!(frames::from_recording(&missing, &spans, until, &opts, &mut FrameReport::default()).is_err());
+    let mut r = FrameReport::default();
+    let none = frames::from_recording(&missing, &spans, until, &FrameOptions { skip_bad_media: true, ..opts }, &mut r).unwrap();
+    assert!(none.is_empty() && r.notes.iter().any(|n| n.contains("none.avi")));
+}

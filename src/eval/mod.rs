@@ -226,7 +226,13 @@ impl Evaluator<'_> {
         // runs text-only for that clip, and the trace notes say so.
         let opts = FrameOptions { frames_per_turn: self.spec.frames_per_turn, max_frames: self.spec.max_frames, skip_bad_media: true };
         let mut report = FrameReport::default();
-        let kf = frames::collect(&d, &opts, &mut report)?;
+        let mut kf = frames::collect(&d, &opts, &mut report)?;
+        if kf.is_empty() {
+            // IEMOCAP: one recording of the whole dialog, cut before the answered turn.
+            if let Some(r) = &item.recording {
+                kf = frames::from_recording(&r.path, &r.turn_spans, r.target_span.0, &opts, &mut report)?;
+            }
+        }
         let p = Pipeline { model: self.model, prompts: self.prompts, memory: self.memory, cfg: &cfg };
         let t = p.respond(&d, kf, report)?;
         rec.reply = t.reply.clone();

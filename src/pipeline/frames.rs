@@ -60,6 +60,50 @@ pub fn collect(d: &Dialogue, opts: &FrameOptions, report: &mut FrameReport) -> R
     if let Some(v) = &d.video {
         load_or_skip(opts, report, v, |p| video_frames(p, opts.max_frames.max(1)), None, &mut out)?;
     }
+    cap(&mut out, opts, report);
+    Ok(out)
+}
+
+/// Keyframes from one recording of the whole conversation (IEMOCAP): `frames_per_turn` evenly
+/// spaced inside each history turn's time span, never at or after `until` (the start of the
+/// turn being answered: the model must not see it).
+pub fn from_recording(path: &Path, spans: &[(f64, f64)], until: f64, opts: &FrameOptions, report: &mut FrameReport) -> Result<Vec<Keyframe>> {
+    let n = opts.frames_per_turn;
+    let mut times: Vec<(f64, usize)> = vec![];
+    for (ti, &(s, e)) in spans.iter().enumerate() {
+        let e = e.min(until);
+        for k in 0..n {
+            let t = s + (e - s) * (k as f64 + 0.5) / n as f64;
+            if t >= s && t < until {
+                times.push((t, ti));
+            }
+        }
+    }
+    times.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let ts: Vec<f64> = times.iter().map(|t| t.0).collect();
+    let mut out = vec![];
+    let load = |p: &Path| recording_frames(p, &ts);
+    let mut loaded = vec![];
+    load_or_skip(opts, report, path, |p| { loaded = load(p)?; Ok(vec![]) }, None, &mut out)?;
+    for ((t, img), (_, ti)) in loaded.into_iter().zip(&times) {
+        out.push(Keyframe { turn: Some(*ti), source: format!("{}@{t:.2}s", path.display()), image: img });
+    }
+    cap(&mut out, opts, report);
+    Ok(out)
+}
+
+#[cfg(feature = "video")]
+fn recording_frames(path: &Path, times: &[f64]) -> Result<Vec<(f64, RgbImage)>> {
+    crate::vision::load_frames_at(path, times)
+}
+
+#[cfg(not(feature = "video"))]
+fn recording_frames(path: &Path, _times: &[f64]) -> Result<Vec<(f64, RgbImage)>> {
+    bail!("{}: this merg was built without the `video` feature", path.display())
+}
+
+/// Keeps the `max_frames` most recent keyframes.
+fn cap(out: &mut Vec<Keyframe>, opts: &FrameOptions, report: &mut FrameReport) {
     if out.len() > opts.max_frames {
         let n = out.len() - opts.max_frames;
         let dropped: Vec<Keyframe> = out.drain(..n).collect();
@@ -67,7 +111,6 @@ pub fn collect(d: &Dialogue, opts: &FrameOptions, report: &mut FrameReport) -> R
         report.dropped.extend(dropped.into_iter().map(|f| f.source));
     }
     report.kept = out.iter().map(|f| f.source.clone()).collect();
-    Ok(out)
 }
 
 /// Drops the oldest frames until `fits` accepts the rest (the text alone must fit).

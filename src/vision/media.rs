@@ -104,11 +104,12 @@ mod decode {
         RgbImage::from_raw(w as u32, h as u32, buf).context("decoded frame has wrong length")
     }
 
-    /// Decode every frame, handing `(index, frame)` to `keep` and storing those it accepts.
-    /// Returns the number of frames decoded and the kept frames.
-    fn decode_all(
+    /// Decode frames in order, handing each index (and the stream's frame rate) to `keep`:
+    /// `Some(true)` stores it, `Some(false)` skips it, `None` stops decoding. Returns the number
+    /// of frames decoded, the kept frames and the frame rate.
+    fn decode_until(
         path: &Path,
-        mut keep: impl FnMut(usize) -> bool,
+        mut keep: impl FnMut(usize, f32) -> Option<bool>,
     ) -> Result<(usize, Vec<RgbImage>, f32)> {
         let mut decoder = video_rs::Decoder::new(path)
             .with_context(|| format!("opening video {}", path.display()))?;
@@ -118,7 +119,8 @@ mod decode {
         loop {
             match decoder.decode_raw() {
                 Ok(frame) => {
-                    if keep(n) {
+                    let Some(k) = keep(n, source_fps) else { break };
+                    if k {
                         kept.push(
                             to_rgb(&frame)
                                 .with_context(|| format!("frame {n} of video {}", path.display()))?,
@@ -135,6 +137,45 @@ mod decode {
             }
         }
         Ok((n, kept, source_fps))
+    }
+
+    fn decode_all(path: &Path, mut keep: impl FnMut(usize) -> bool) -> Result<(usize, Vec<RgbImage>, f32)> {
+        decode_until(path, |i, _| Some(keep(i)))
+    }
+
+    /// The frame shown at each of `times` (seconds, ascending), in one pass that stops after
+    /// the last one: frame i covers [i / fps, (i + 1) / fps). Times past the end are dropped.
+    pub fn load_frames_at(path: &Path, times: &[f64]) -> Result<Vec<(f64, RgbImage)>> {
+        ensure!(path.exists(), "video file {} does not exist", path.display());
+        ensure!(times.windows(2).all(|w| w[0] <= w[1]), "frame times must be ascending");
+        init()?;
+        let mut wanted: Vec<usize> = vec![];
+        let (_, frames, fps) = decode_until(path, |i, fps| {
+            if wanted.is_empty() {
+                ensure_fps(fps)?;
+                wanted = times.iter().map(|t| (t.max(0.0) * fps as f64).floor() as usize).collect();
+            }
+            let last = *wanted.last()?;
+            (i <= last).then(|| wanted.contains(&i))
+        })?;
+        ensure!(fps > 0.0, "video {} has no frame rate", path.display());
+        let idx: Vec<usize> = times.iter().map(|t| (t.max(0.0) * fps as f64).floor() as usize).collect();
+        let mut uniq = idx.clone();
+        uniq.dedup();
+        // `frames` holds one image per distinct wanted index that exists, in order.
+        let mut out = vec![];
+        for (t, i) in times.iter().zip(&idx) {
+            if let Some(k) = uniq.iter().position(|u| u == i) {
+                if let Some(f) = frames.get(k) {
+                    out.push((*t, f.clone()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn ensure_fps(fps: f32) -> Option<()> {
+        (fps > 0.0 && fps.is_finite()).then_some(())
     }
 
     /// Decode `path`, sample frames uniformly at `fps` (at least `frame_factor`, at most
@@ -182,7 +223,7 @@ mod decode {
 }
 
 #[cfg(feature = "video")]
-pub use decode::load_video_frames_with_factor;
+pub use decode::{load_frames_at, load_video_frames_with_factor};
 
 /// `load_video_frames_with_factor` with Qwen2-VL's temporal patch size of 2.
 #[cfg(feature = "video")]

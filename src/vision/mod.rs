@@ -10,7 +10,7 @@ pub mod resize;
 
 pub use media::{load_image, sample_indices, VideoFrames};
 #[cfg(feature = "video")]
-pub use media::{load_video_frames, load_video_frames_with_factor};
+pub use media::{load_frames_at, load_video_frames, load_video_frames_with_factor};
 pub use preprocess::{
     preprocess_image, preprocess_video, smart_resize, Patches, PreprocessorConfig,
 };
