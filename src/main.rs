@@ -67,6 +67,9 @@ struct BenchAgentsArgs {
     keyframes: usize,
     #[arg(long, default_value_t = 448)]
     keyframe_size: u32,
+    /// (cache on, cache off) pairs to run; the reported wall ratio is their median.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
     #[arg(long, default_value = "cpu")]
     device: String,
     #[arg(long)]
@@ -384,7 +387,7 @@ fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
             })
         }
     };
-    let report = merg::bench::run_agents(&*make, &cfg, a.dialogues, a.new_tokens, &frames)?;
+    let report = merg::bench::run_agents(&*make, &cfg, a.dialogues, a.new_tokens, &frames, a.repeats)?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }

@@ -129,3 +129,22 @@ fn bench_runs_on_dummy_weights_of_a_config() {
     assert!(rec["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
     assert_eq!(rec["dummy"], true);
 }
+
+/// The benchmark runs on a real checkpoint too (shape of its report only; numbers are for
+/// `merg bench-agents` runs, not for tests).
+#[test]
+fn bench_agents_reports_cache_counters_and_every_pair() {
+    let o = merg(&[
+        "bench-agents", "--model", &model("qwen2_5_vl"), "--dialogues", "2", "--new-tokens", "2", "--keyframes", "1",
+        "--keyframe-size", "56", "--repeats", "2", "--kv-memory", "blocks:256",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["wall_ratios"].as_array().unwrap().len(), 2);
+    let on = &r["with_cache"]["stats"]["prefix"];
+    let off = &r["without_cache"]["stats"]["prefix"];
+    assert_eq!(on["prompt_tokens"], off["prompt_tokens"], "same workload both ways");
+    assert_eq!(off["cached_tokens"], 0);
+    assert!(r["cache_hit_fraction"].as_f64().unwrap() > 0.3, "{r}");
+    assert_eq!(r["with_cache"]["requests"], 16);
+}
