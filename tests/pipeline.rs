@@ -60,9 +60,9 @@ impl AgentModel for Scripted {
         let out = (self.script)(call.agent, call.round);
         let finish = if out.starts_with("CUT") { FinishReason::Length } else { FinishReason::Stop };
         Ok(AgentReply {
-            generated_tokens: out.len(),
+            // One token per byte.
+            tokens: out.bytes().map(u32::from).collect(),
             logprobs: (0..out.len()).map(|i| -(i as f32)).collect(),
-            offsets: (1..=out.len()).collect(),
             text: out,
             finish,
             prompt_tokens: 100,
@@ -77,6 +77,10 @@ impl AgentModel for Scripted {
 
     fn context_window(&self) -> usize {
         32768
+    }
+
+    fn decoded_offsets(&self, tokens: &[u32]) -> Result<Vec<usize>> {
+        Ok((1..=tokens.len()).collect())
     }
 
     fn cache_stats(&self) -> Option<CacheStats> {

@@ -106,6 +106,9 @@ impl AgentModel for BlameCaefOnce {
     fn context_window(&self) -> usize {
         self.0.context_window()
     }
+    fn decoded_offsets(&self, tokens: &[u32]) -> Result<Vec<usize>> {
+        self.0.decoded_offsets(tokens)
+    }
     fn cache_stats(&self) -> Option<CacheStats> {
         self.0.cache_stats()
     }

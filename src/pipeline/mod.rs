@@ -122,6 +122,11 @@ impl PipelineConfig {
         }
     }
 
+    /// Whether the final reply is chosen by (c1, c2, c3, c4, −t); otherwise the last round's.
+    pub fn selects_by_tuple(&self) -> bool {
+        self.selection && self.use_gra && self.baseline.is_none()
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.t_max > 5 {
             anyhow::bail!("--t-max must be 0..=5, got {}", self.t_max);

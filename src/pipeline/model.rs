@@ -28,11 +28,8 @@ pub struct AgentCall {
 #[derive(Clone, Debug, Serialize)]
 pub struct AgentReply {
     pub text: String,
-    pub generated_tokens: usize,
+    pub tokens: Vec<u32>,
     pub logprobs: Vec<f32>,
-    /// Byte length of the decoded text after each generated token (non-decreasing), so a
-    /// field of the JSON output can be mapped back to the tokens that produced it.
-    pub offsets: Vec<usize>,
     pub finish: FinishReason,
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
@@ -44,6 +41,9 @@ pub trait AgentModel: Send + Sync {
     /// Prompt tokens for `messages` whose images have the given (frames, height, width).
     fn count_tokens(&self, messages: &[Message], media_dims: &[(usize, usize, usize)]) -> Result<usize>;
     fn context_window(&self) -> usize;
+    /// Byte length of the decoded text after each of `tokens` (non-decreasing), so a field of
+    /// a JSON output can be mapped back to the tokens that produced it.
+    fn decoded_offsets(&self, tokens: &[u32]) -> Result<Vec<usize>>;
     /// Prefix-cache counters so far (None when the model has no cache).
     fn cache_stats(&self) -> Option<CacheStats>;
 }
@@ -66,12 +66,15 @@ pub fn media_dims(media: &[Media]) -> Vec<(usize, usize, usize)> {
 pub struct EngineModel {
     pub handle: EngineHandle,
     context: usize,
+    /// A copy of the engine's tokenizer: offsets are computed on the caller's thread, not
+    /// between engine steps.
+    decoder: tokenizers::Tokenizer,
 }
 
 impl EngineModel {
     pub fn new(handle: EngineHandle) -> Result<Self> {
-        let context = handle.inspect(|e| e.max_context())?;
-        Ok(EngineModel { handle, context })
+        let (context, decoder) = handle.inspect(|e| (e.max_context(), e.runtime.tokenizer.inner().clone()))?;
+        Ok(EngineModel { handle, context, decoder })
     }
 }
 
@@ -80,12 +83,9 @@ impl AgentModel for EngineModel {
         let t = Instant::now();
         let req = ChatRequest::new(call.messages, call.media, call.sampling).with_schema(call.schema);
         let c = self.handle.generate(req)?;
-        let toks = c.tokens.clone();
-        let offsets = self.handle.inspect(move |e| token_offsets(&toks, |t| e.runtime.tokenizer.decode(t, true)))??;
         Ok(AgentReply {
-            offsets,
             text: c.text,
-            generated_tokens: c.tokens.len(),
+            tokens: c.tokens,
             logprobs: c.logprobs,
             finish: c.finish,
             prompt_tokens: c.prompt_tokens,
@@ -101,6 +101,11 @@ impl AgentModel for EngineModel {
 
     fn context_window(&self) -> usize {
         self.context
+    }
+
+    fn decoded_offsets(&self, tokens: &[u32]) -> Result<Vec<usize>> {
+        // Same decoding as the engine's completion text (special tokens skipped).
+        token_offsets(tokens, |t| self.decoder.decode(t, true).map_err(|e| anyhow::anyhow!("decoding {} tokens: {e}", t.len())))
     }
 
     fn cache_stats(&self) -> Option<CacheStats> {

@@ -102,7 +102,7 @@ impl<'a> Pipeline<'a> {
             notes: run.notes,
             exemplars: exemplars.iter().map(|(s, e)| (e.key.clone(), *s)).collect(),
             selected_round: selected,
-            selection_rule: if self.cfg.selection && self.cfg.baseline.is_none() && self.cfg.use_gra {
+            selection_rule: if self.cfg.selects_by_tuple() {
                 "argmax over rounds of (c1, c2, c3, c4, -t)".into()
             } else {
                 "last round".into()
@@ -132,7 +132,6 @@ impl<'a> Pipeline<'a> {
     }
 
     fn vars<'s>(&'s self, shared: &'s SharedContext, st: &State, exemplars: Vec<&'s Exemplar>, correction: Option<String>, upstream: bool) -> Vars<'s> {
-        let up = |b: bool| upstream && b;
         Vars {
             next_speaker: &shared.next_speaker,
             n_turns: shared.n_turns,
@@ -140,9 +139,9 @@ impl<'a> Pipeline<'a> {
             labels: &self.cfg.labels,
             stances: &psp::STANCES,
             tones: &psp::TONES,
-            evidence: st.evidence.as_ref().filter(|_| up(true)).map(Evidence::render),
-            forecast: st.forecast.as_ref().filter(|_| up(true)).map(Forecast::render),
-            plan: st.plan.as_ref().filter(|_| up(true)).map(Plan::render),
+            evidence: st.evidence.as_ref().filter(|_| upstream).map(Evidence::render),
+            forecast: st.forecast.as_ref().filter(|_| upstream).map(Forecast::render),
+            plan: st.plan.as_ref().filter(|_| upstream).map(Plan::render),
             reply: st.reply.as_ref().map(|r| r.0.clone()),
             exemplars,
             correction,
@@ -208,7 +207,7 @@ impl Run<'_, '_> {
             }
             verdict = Some(v);
         }
-        let selected = if cfg.selection && cfg.use_gra { select(&rounds) } else { rounds.len() - 1 };
+        let selected = if cfg.selects_by_tuple() { select(&rounds) } else { rounds.len() - 1 };
         Ok((rounds, selected))
     }
 
@@ -259,7 +258,13 @@ impl Run<'_, '_> {
                 }
             }
         }
-        if stage != Stage::Sgrg && !parse_stage(stage, &out) {
+        let usable = match stage {
+            Stage::Mpa => st.evidence.is_some(),
+            Stage::Caef => st.forecast.is_some(),
+            Stage::Psp => st.plan.is_some(),
+            Stage::Sgrg => true, // a reply that does not parse is an error above
+        };
+        if !usable {
             self.notes.push(format!("round {round}: {} output unusable; later agents run without it", stage.name()));
         }
         calls.push(rec);
@@ -328,6 +333,8 @@ impl Run<'_, '_> {
         correction: Option<String>,
         exemplars: Vec<String>,
     ) -> Result<(Option<Value>, AgentRecord, Vec<f32>)> {
+        // Only outputs carrying a reply need the token-to-text mapping perplexity uses.
+        let has_reply = schema["properties"].get("reply").is_some();
         let call = AgentCall { agent, round, messages: self.shared.messages(text), media: self.shared.media.clone(), schema, sampling };
         let r = self.p.model.call(call).map_err(|e| e.context(format!("agent {agent}, round {round}")))?;
         let (output, error) = match (r.finish, serde_json::from_str::<Value>(&r.text)) {
@@ -343,29 +350,20 @@ impl Run<'_, '_> {
             exemplars,
             prompt_tokens: r.prompt_tokens,
             cached_tokens: r.cached_tokens,
-            generated_tokens: r.generated_tokens,
+            generated_tokens: r.tokens.len(),
             finish: r.finish,
             ms: r.ms,
             output: output.clone(),
             raw: r.text,
             error,
         };
-        let lps = reply_logprobs(&rec.raw, &r.offsets, &r.logprobs);
+        let lps = if has_reply { reply_logprobs(&rec.raw, &self.p.model.decoded_offsets(&r.tokens)?, &r.logprobs) } else { vec![] };
         Ok((output, rec, lps))
     }
 }
 
 fn parse<T: DeserializeOwned>(v: &Option<Value>) -> Option<T> {
     v.clone().and_then(|v| serde_json::from_value(v).ok())
-}
-
-fn parse_stage(stage: Stage, v: &Option<Value>) -> bool {
-    match stage {
-        Stage::Mpa => parse::<Evidence>(v).is_some(),
-        Stage::Caef => parse::<Forecast>(v).is_some(),
-        Stage::Psp => parse::<Plan>(v).is_some(),
-        Stage::Sgrg => parse::<ReplyOut>(v).is_some(),
-    }
 }
 
 /// Index of the round maximising (c1, c2, c3, c4, −t): lexicographic on the pass flags, the
