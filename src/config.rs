@@ -37,8 +37,11 @@ pub enum Act {
     QuickGelu,
     #[serde(rename = "gelu")]
     Gelu,
-    #[serde(rename = "gelu_pytorch_tanh", alias = "gelu_new")]
+    #[serde(rename = "gelu_pytorch_tanh", alias = "gelu_new", alias = "gelu_fast")]
     GeluTanh,
+    /// Some BERT-family encoders (the metrics' models).
+    #[serde(rename = "relu")]
+    Relu,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -112,16 +112,16 @@ impl Runtime {
     /// image size (`smart_resize`), so callers can budget context cheaply.
     pub fn count_prompt_tokens(&self, messages: &[Message], media_dims: &[(usize, usize, usize)]) -> Result<usize> {
         let p = &self.preprocessor;
-        let merge = self.model.cfg.vision.spatial_merge_size.max(1);
-        let counts = media_dims
+        let grids = media_dims
             .iter()
             .map(|&(frames, h, w)| {
                 let (rh, rw) = vision::smart_resize(h, w, p.factor(), p.min_pixels, p.max_pixels)?;
+                // Videos are padded to whole temporal patches; an image is one.
                 let t = if frames <= 1 { 1 } else { frames.div_ceil(p.temporal_patch_size) };
-                Ok(t * (rh / p.patch_size) * (rw / p.patch_size) / (merge * merge))
+                Ok(MediaGrid { thw: [t, rh / p.patch_size, rw / p.patch_size], is_video: frames > 1, second_per_grid: 0.0 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(self.tokenizer.encode_chat(messages, true, &counts)?.len())
+        Ok(self.encode_prompt_grids(messages, &grids)?.len())
     }
 
     /// Tokenizes the messages and preprocesses the media into patch tensors.

@@ -384,15 +384,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shards_partition_the_items() {
-        let keys: Vec<usize> = (0..10).collect();
-        let mut seen = vec![];
+    fn shards_partition_the_limited_items() {
+        let item = |i: usize| Item {
+            key: format!("meld/test/dia{i}_utt1"),
+            dialogue: crate::dialogue::Dialogue {
+                id: None,
+                turns: vec![crate::dialogue::Turn::new("A", "hi")],
+                next_speaker: "B".into(),
+                video: None,
+                frames: vec![],
+            },
+            gold_emotion: "joy".into(),
+            reference: "ok".into(),
+            target_video: None,
+            recording: None,
+        };
+        let items: Vec<Item> = (0..12).map(item).collect();
+        let mut seen: Vec<usize> = vec![];
         for k in 1..=3 {
-            let part: Vec<usize> = keys.iter().copied().filter(|i| i % 3 == k - 1).collect();
-            seen.extend(part);
+            let part = select(items.clone(), Some(10), Some((k, 3)));
+            assert!(part.iter().all(|(i, it)| i % 3 == k - 1 && it.key == items[*i].key));
+            seen.extend(part.into_iter().map(|(i, _)| i));
         }
         seen.sort();
-        assert_eq!(seen, keys);
+        assert_eq!(seen, (0..10).collect::<Vec<_>>(), "shards cover the limited items exactly once");
         assert_eq!(parse_shard("2/8").unwrap(), (2, 8));
         for bad in ["0/2", "3/2", "x", "1/0"] {
             assert!(parse_shard(bad).is_err(), "{bad}");

@@ -13,6 +13,9 @@ use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{LayerNorm, Linear, Module, VarBuilder};
 use serde::Deserialize;
 
+use super::layers;
+use crate::config::Act;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     Bert,
@@ -28,34 +31,6 @@ impl Family {
             "roberta" | "xlm-roberta" | "camembert" => Some(Self::Roberta),
             "distilbert" => Some(Self::DistilBert),
             _ => None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    /// transformers "gelu": exact, erf-based.
-    Gelu,
-    /// "gelu_new" / "gelu_pytorch_tanh" / "gelu_fast": tanh approximation.
-    GeluTanh,
-    Relu,
-}
-
-impl Activation {
-    fn parse(name: &str) -> Option<Self> {
-        match name {
-            "gelu" => Some(Self::Gelu),
-            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Some(Self::GeluTanh),
-            "relu" => Some(Self::Relu),
-            _ => None,
-        }
-    }
-
-    fn apply(self, xs: &Tensor) -> candle_core::Result<Tensor> {
-        match self {
-            Self::Gelu => xs.gelu_erf(),
-            Self::GeluTanh => xs.gelu(),
-            Self::Relu => xs.relu(),
         }
     }
 }
@@ -93,7 +68,7 @@ pub struct EncoderConfig {
     pub num_layers: usize,
     pub num_heads: usize,
     pub intermediate_size: usize,
-    pub activation: Activation,
+    pub activation: Act,
     pub max_position_embeddings: usize,
     pub type_vocab_size: usize,
     pub layer_norm_eps: f64,
@@ -139,7 +114,9 @@ impl EncoderConfig {
         if heads == 0 || hidden % heads != 0 {
             bail!("hidden size {hidden} is not a multiple of {heads} attention heads");
         }
-        let activation = Activation::parse(&act).ok_or_else(|| anyhow!("unsupported activation {act:?}"))?;
+        // The same activation names as the Qwen configs (`config::Act`), plus relu.
+        let activation: Act = serde_json::from_value(serde_json::Value::String(act.clone()))
+            .map_err(|_| anyhow!("unsupported activation {act:?}"))?;
         let mut labels = Vec::new();
         for i in 0..raw.id2label.len() {
             let l = raw.id2label.get(&i.to_string()).ok_or_else(|| anyhow!("id2label has no entry {i}"))?;
@@ -226,7 +203,7 @@ impl Block {
     }
 
     /// `mask`: additive, [B, 1, 1, T].
-    fn forward(&self, xs: &Tensor, mask: &Tensor, heads: usize, act: Activation) -> Result<Tensor> {
+    fn forward(&self, xs: &Tensor, mask: &Tensor, heads: usize, act: Act) -> Result<Tensor> {
         let (b, t, h) = xs.dims3()?;
         let hd = h / heads;
         let split = |x: Tensor| -> candle_core::Result<Tensor> {
@@ -239,7 +216,7 @@ impl Block {
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         let ctx = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, h))?;
         let a = self.attn_norm.forward(&(self.attn_out.forward(&ctx)? + xs)?)?;
-        let f = self.ff_out.forward(&act.apply(&self.ff_in.forward(&a)?)?)?;
+        let f = self.ff_out.forward(&layers::act(act, &self.ff_in.forward(&a)?)?)?;
         Ok(self.ff_norm.forward(&(f + a)?)?)
     }
 }

@@ -13,6 +13,7 @@ pub fn act(a: Act, x: &Tensor) -> Result<Tensor> {
         Act::QuickGelu => x * candle_nn::ops::sigmoid(&(x * 1.702)?)?,
         Act::Gelu => x.gelu_erf(),
         Act::GeluTanh => x.gelu(),
+        Act::Relu => x.relu(),
     }
 }
 

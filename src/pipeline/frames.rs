@@ -46,19 +46,20 @@ pub struct FrameReport {
 pub fn collect(d: &Dialogue, opts: &FrameOptions, report: &mut FrameReport) -> Result<Vec<Keyframe>> {
     let mut out = vec![];
     for (ti, turn) in d.turns.iter().enumerate() {
+        let t = Some(ti);
         if !turn.frames.is_empty() {
             for p in evenly(&turn.frames, opts.frames_per_turn) {
-                load_or_skip(opts, report, p, |p| Ok(vec![(p.display().to_string(), crate::vision::load_image(p)?)]), Some(ti), &mut out)?;
+                out.extend(keyframes(t, load_or_skip(opts, report, p, t, image_frame)?));
             }
         } else if let Some(v) = &turn.video {
-            load_or_skip(opts, report, v, |p| video_frames(p, opts.frames_per_turn), Some(ti), &mut out)?;
+            out.extend(keyframes(t, load_or_skip(opts, report, v, t, |p| video_frames(p, opts.frames_per_turn))?));
         }
     }
     for p in &d.frames {
-        load_or_skip(opts, report, p, |p| Ok(vec![(p.display().to_string(), crate::vision::load_image(p)?)]), None, &mut out)?;
+        out.extend(keyframes(None, load_or_skip(opts, report, p, None, image_frame)?));
     }
     if let Some(v) = &d.video {
-        load_or_skip(opts, report, v, |p| video_frames(p, opts.max_frames.max(1)), None, &mut out)?;
+        out.extend(keyframes(None, load_or_skip(opts, report, v, None, |p| video_frames(p, opts.max_frames.max(1)))?));
     }
     cap(&mut out, opts, report);
     Ok(out)
@@ -81,13 +82,13 @@ pub fn from_recording(path: &Path, spans: &[(f64, f64)], until: f64, opts: &Fram
     }
     times.sort_by(|a, b| a.0.total_cmp(&b.0));
     let ts: Vec<f64> = times.iter().map(|t| t.0).collect();
-    let mut out = vec![];
-    let load = |p: &Path| recording_frames(p, &ts);
-    let mut loaded = vec![];
-    load_or_skip(opts, report, path, |p| { loaded = load(p)?; Ok(vec![]) }, None, &mut out)?;
-    for ((t, img), (_, ti)) in loaded.into_iter().zip(&times) {
-        out.push(Keyframe { turn: Some(*ti), source: format!("{}@{t:.2}s", path.display()), image: img });
-    }
+    // Times past the end of the recording are dropped at the end, so the rest stay aligned.
+    let loaded = load_or_skip(opts, report, path, None, |p| recording_frames(p, &ts))?;
+    let mut out: Vec<Keyframe> = loaded
+        .into_iter()
+        .zip(&times)
+        .map(|((t, image), (_, ti))| Keyframe { turn: Some(*ti), source: format!("{}@{t:.2}s", path.display()), image })
+        .collect();
     cap(&mut out, opts, report);
     Ok(out)
 }
@@ -137,28 +138,27 @@ pub fn fit_to_context(
     Ok(())
 }
 
-fn load_or_skip(
-    opts: &FrameOptions,
-    report: &mut FrameReport,
-    path: &Path,
-    load: impl FnOnce(&Path) -> Result<Vec<(String, RgbImage)>>,
-    turn: Option<usize>,
-    out: &mut Vec<Keyframe>,
-) -> Result<()> {
+/// `load(path)`, or with `skip_bad_media` nothing plus a note when it fails.
+fn load_or_skip<T>(opts: &FrameOptions, report: &mut FrameReport, path: &Path, whose: Option<usize>, load: impl FnOnce(&Path) -> Result<Vec<T>>) -> Result<Vec<T>> {
     match load(path) {
-        Ok(frames) => {
-            out.extend(frames.into_iter().map(|(source, image)| Keyframe { turn, source, image }));
-            Ok(())
-        }
+        Ok(v) => Ok(v),
         Err(e) if opts.skip_bad_media => {
             report.notes.push(format!("skipped unreadable media {}: {e:#}", path.display()));
-            Ok(())
+            Ok(vec![])
         }
         Err(e) => Err(e.context(format!(
             "media of {} (pass --skip-bad-media to continue without it)",
-            turn.map(|t| format!("turn {}", t + 1)).unwrap_or_else(|| "the dialogue".into())
+            whose.map(|t| format!("turn {}", t + 1)).unwrap_or_else(|| "the dialogue".into())
         ))),
     }
+}
+
+fn image_frame(p: &Path) -> Result<Vec<(String, RgbImage)>> {
+    Ok(vec![(p.display().to_string(), crate::vision::load_image(p)?)])
+}
+
+fn keyframes(turn: Option<usize>, frames: Vec<(String, RgbImage)>) -> impl Iterator<Item = Keyframe> {
+    frames.into_iter().map(move |(source, image)| Keyframe { turn, source, image })
 }
 
 /// `n` evenly spaced items, always including the last (closest to the reply).

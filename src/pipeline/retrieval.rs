@@ -41,7 +41,7 @@ pub struct Memory {
 
 /// Lowercased alphanumeric words; typographic apostrophes fold into plain ones.
 pub fn words(text: &str) -> Vec<String> {
-    text.replace(['\u{2019}', '\u{2018}'], "'")
+    crate::metrics::distinct::normalize_apostrophes(text)
         .to_lowercase()
         .split(|c: char| !(c.is_alphanumeric() || c == '\''))
         .map(|w| w.trim_matches('\''))

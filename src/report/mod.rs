@@ -9,7 +9,6 @@
 pub mod human;
 pub mod svg;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -157,15 +156,4 @@ fn ablation_chart(runs: &[Run]) -> String {
         })
         .collect::<Vec<_>>();
     svg::bar_chart("Runs compared", &metrics.map(String::from), &series, false, "% (empathy ×100)")
-}
-
-/// Forecast counts per label (handy for tests and the report text).
-pub fn forecast_counts(records: &[Record]) -> BTreeMap<String, usize> {
-    let mut m = BTreeMap::new();
-    for r in records {
-        if let Some(f) = &r.forecast {
-            *m.entry(f.clone()).or_insert(0) += 1;
-        }
-    }
-    m
 }

@@ -149,17 +149,15 @@ mod decode {
         ensure!(path.exists(), "video file {} does not exist", path.display());
         ensure!(times.windows(2).all(|w| w[0] <= w[1]), "frame times must be ascending");
         init()?;
-        let mut wanted: Vec<usize> = vec![];
+        // Frame index of each time, known once the stream's frame rate is.
+        let mut wanted: Option<Vec<usize>> = None;
         let (_, frames, fps) = decode_until(path, |i, fps| {
-            if wanted.is_empty() {
-                ensure_fps(fps)?;
-                wanted = times.iter().map(|t| (t.max(0.0) * fps as f64).floor() as usize).collect();
-            }
-            let last = *wanted.last()?;
-            (i <= last).then(|| wanted.contains(&i))
+            let w = wanted.get_or_insert_with(|| times.iter().map(|t| (t.max(0.0) * fps as f64).floor() as usize).collect());
+            let last = *w.last()?;
+            (i <= last).then(|| w.contains(&i))
         })?;
-        ensure!(fps > 0.0, "video {} has no frame rate", path.display());
-        let idx: Vec<usize> = times.iter().map(|t| (t.max(0.0) * fps as f64).floor() as usize).collect();
+        ensure!(fps > 0.0 && fps.is_finite(), "video {} has no usable frame rate ({fps})", path.display());
+        let idx = wanted.unwrap_or_default();
         let mut uniq = idx.clone();
         uniq.dedup();
         // `frames` holds one image per distinct wanted index that exists, in order.
@@ -172,10 +170,6 @@ mod decode {
             }
         }
         Ok(out)
-    }
-
-    fn ensure_fps(fps: f32) -> Option<()> {
-        (fps > 0.0 && fps.is_finite()).then_some(())
     }
 
     /// Decode `path`, sample frames uniformly at `fps` (at least `frame_factor`, at most
