@@ -13,4 +13,4 @@ if [ $# -eq 0 ]; then
     --dialogue examples/dialogue.json --memory examples/memory.jsonl \
     --max-new-tokens 240 --max-field-chars 16 --trace example.trace.json
 fi
-exec target/release/merg "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/merg" "$@"
