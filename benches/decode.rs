@@ -4,29 +4,31 @@
 
 use candle_core::{DType, Device};
 use criterion::{criterion_group, criterion_main, Criterion};
-use merg::config::ModelConfig;
-use merg::models::{DenseKvCache, QwenVl, VisionInput};
+use merg::generate::{forward_logits, prepare, VisionInput};
+use merg::models::{registry, DenseCache, Model, PromptInputs};
+use merg::weights::Weights;
 
 fn bench(c: &mut Criterion) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/dummy-small-qwen2.5-vl.json");
-    let cfg = ModelConfig::from_file(&path).unwrap();
-    let model = QwenVl::dummy(&cfg, DType::F32, &Device::Cpu).unwrap();
+    let cfg = registry::read_config(&path).unwrap();
+    let model = registry::load(&cfg, Weights::dummy(DType::F32, &Device::Cpu)).unwrap();
+    let model: &dyn Model = &*model;
     let ids: Vec<u32> = (0..128u32).map(|i| 100 + (i * 7919) % 5000).collect();
-    let pre = model.prepare(&ids, &VisionInput::default()).unwrap();
+    let pre = prepare(model, &ids, &VisionInput::default()).unwrap();
     let mut g = c.benchmark_group("dense");
     g.sample_size(10);
-    g.bench_function("prefill_128_tokens", |b| {
-        b.iter(|| {
-            let mut kv = DenseKvCache::new();
-            model.forward(&pre.embeds, &pre.positions, &mut kv, 1).unwrap()
-        })
-    });
+    g.bench_function("prefill_128_tokens", |b| b.iter(|| forward_logits(model, &pre, &mut DenseCache::new(), 1).unwrap()));
     g.bench_function("decode_16_tokens_after_128", |b| {
         b.iter(|| {
-            let mut kv = DenseKvCache::new();
-            model.forward(&pre.embeds, &pre.positions, &mut kv, 1).unwrap();
+            let mut kv = DenseCache::new();
+            forward_logits(model, &pre, &mut kv, 1).unwrap();
             for i in 0..16 {
-                model.decode_step(7, ids.len() + i, pre.rope_delta, &mut kv).unwrap();
+                let step = PromptInputs {
+                    embeds: model.embed_tokens(&[7]).unwrap(),
+                    positions: model.decode_positions(ids.len() + i, 1, pre.rope_delta),
+                    rope_delta: pre.rope_delta,
+                };
+                forward_logits(model, &step, &mut kv, 1).unwrap();
             }
         })
     });

@@ -12,7 +12,8 @@ use serde::Serialize;
 use crate::chat::{ContentPart, Message};
 use crate::engine::{ChatRequest, Engine, EngineConfig, EngineStats};
 use crate::generate::SamplingParams;
-use crate::runtime::{Media, Runtime};
+use crate::checkpoint::Checkpoint;
+use crate::vision::Media;
 
 /// Agent instructions, in pipeline order, the refinement round re-running agents 2–4.
 const AGENTS: [(&str, &str); 5] = [
@@ -92,15 +93,15 @@ fn request(d: usize, agent: usize, upstream: &[(usize, String)], keyframes: &[im
     }
 }
 
-/// Runs the workload on a fresh engine from `make_runtime`.
+/// Runs the workload on a fresh engine from `make_checkpoint`.
 pub fn run_once(
-    make_runtime: &dyn Fn() -> Result<Runtime>,
+    make_checkpoint: &dyn Fn() -> Result<Checkpoint>,
     cfg: &EngineConfig,
     dialogues: usize,
     new_tokens: usize,
     keyframes: &[image::RgbImage],
 ) -> Result<RunReport> {
-    let mut engine = Engine::new(make_runtime()?, cfg.clone())?;
+    let mut engine = Engine::new(make_checkpoint()?, cfg.clone())?;
     let schedule: Vec<usize> = (0..AGENTS.len()).chain(REFINE).collect();
     let mut outputs: Vec<Vec<(usize, String)>> = vec![vec![]; dialogues];
     let t0 = Instant::now();
@@ -119,7 +120,7 @@ pub fn run_once(
 }
 
 pub fn run_agents(
-    make_runtime: &dyn Fn() -> Result<Runtime>,
+    make_checkpoint: &dyn Fn() -> Result<Checkpoint>,
     cfg: &EngineConfig,
     dialogues: usize,
     new_tokens: usize,
@@ -131,8 +132,8 @@ pub fn run_agents(
     // Alternate on/off so slow phases of a shared machine hit both sides alike.
     let mut pairs = vec![];
     for _ in 0..repeats.max(1) {
-        let a = run_once(make_runtime, &on, dialogues, new_tokens, keyframes)?;
-        let b = run_once(make_runtime, &off, dialogues, new_tokens, keyframes)?;
+        let a = run_once(make_checkpoint, &on, dialogues, new_tokens, keyframes)?;
+        let b = run_once(make_checkpoint, &off, dialogues, new_tokens, keyframes)?;
         pairs.push((a, b));
     }
     let wall_ratios: Vec<f64> = pairs.iter().map(|(a, b)| a.wall_s / b.wall_s).collect();

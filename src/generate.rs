@@ -7,7 +7,12 @@ use candle_core::Tensor;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::models::{AttentionBackend, DenseKvCache, QwenVl, VisionInput};
+use candle_core::Device;
+
+use crate::chat::Message;
+use crate::models::{DenseCache, MediaGrid, Model, PromptInputs, StepCache};
+use crate::processor::{check_placeholders, Processor};
+use crate::vision::Media;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
@@ -31,13 +36,13 @@ impl Default for SamplingParams {
 impl SamplingParams {
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            bail!("--temperature must be ≥ 0, got {}", self.temperature);
+            bail!("temperature must be ≥ 0, got {}", self.temperature);
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            bail!("--top-p must be in (0, 1], got {}", self.top_p);
+            bail!("top_p must be in (0, 1], got {}", self.top_p);
         }
         if self.max_new_tokens == 0 {
-            bail!("--max-new-tokens must be at least 1");
+            bail!("max_new_tokens must be at least 1");
         }
         Ok(())
     }
@@ -50,6 +55,8 @@ pub enum FinishReason {
     Stop,
     /// `max_new_tokens` reached.
     Length,
+    /// The caller aborted the request; the tokens so far are kept.
+    Aborted,
     /// The model's context window is full.
     Context,
 }
@@ -172,9 +179,71 @@ fn log_sum_exp(v: &[f32]) -> f32 {
     m + s.ln() as f32
 }
 
-/// Prompt + continuation for one request on a private dense cache.
+/// Vision input of one request in the form HF's processor gives it: the patches of all
+/// images, the patches of all videos, and each item's grid in prompt order.
+#[derive(Clone, Debug, Default)]
+pub struct VisionInput {
+    pub image_patches: Option<Tensor>,
+    pub video_patches: Option<Tensor>,
+    pub media: Vec<MediaGrid>,
+}
+
+impl VisionInput {
+    /// Each item's own patches (rows t·h·w of its kind's tensor), in prompt order.
+    pub fn items(&self) -> Result<Vec<(Tensor, MediaGrid)>> {
+        let mut offsets = [0usize, 0];
+        let mut out = Vec::with_capacity(self.media.len());
+        for g in &self.media {
+            let (all, off) = match g.is_video {
+                false => (&self.image_patches, &mut offsets[0]),
+                true => (&self.video_patches, &mut offsets[1]),
+            };
+            let Some(all) = all else { bail!("a {} grid but no such patches", if g.is_video { "video" } else { "image" }) };
+            let n: usize = g.thw.iter().product();
+            if *off + n > all.dim(0)? {
+                bail!("grid {:?} needs {n} patches past row {off} of {}", g.thw, all.dim(0)?);
+            }
+            out.push((all.narrow(0, *off, n)?, g.clone()));
+            *off += n;
+        }
+        Ok(out)
+    }
+}
+
+/// Token ids and HF-style vision input of a chat request, from the same processor the engine
+/// uses (the dense reference's inputs; the engine prepares through `RequestPreparer`).
+pub fn reference_inputs(processor: &Processor, messages: &[Message], media: &[Media], device: &Device) -> Result<(Vec<u32>, VisionInput)> {
+    check_placeholders(messages, media)?;
+    let items = media.iter().map(|m| processor.preprocess(m)).collect::<Result<Vec<_>>>()?;
+    let grids: Vec<MediaGrid> = items.iter().map(|i| i.grid.clone()).collect();
+    let ids = processor.encode_prompt(messages, &grids)?;
+    let cat = |video: bool| -> Result<Option<Tensor>> {
+        let ts = items.iter().filter(|i| i.grid.is_video == video).map(|i| i.patches.to_tensor(device)).collect::<Result<Vec<_>>>()?;
+        Ok(if ts.is_empty() { None } else { Some(Tensor::cat(&ts, 0)?) })
+    };
+    Ok((ids, VisionInput { image_patches: cat(false)?, video_patches: cat(true)?, media: grids }))
+}
+
+/// Encodes each media item with the model's vision tower and prepares the decoder inputs
+/// (the same calls the engine makes, without its caches).
+pub fn prepare(model: &dyn Model, ids: &[u32], vision: &VisionInput) -> Result<PromptInputs> {
+    let items = vision.items()?;
+    let feats = items.iter().map(|(p, g)| model.encode_media(p, g)).collect::<Result<Vec<_>>>()?;
+    model.prepare_prompt(ids, &vision.media, &feats)
+}
+
+/// f32 logits `[keep, vocab]` of the last `keep` of the `T` tokens run through `cache`.
+pub fn forward_logits(model: &dyn Model, inputs: &PromptInputs, cache: &mut dyn StepCache, keep: usize) -> Result<Tensor> {
+    let hidden = model.forward(&inputs.embeds, &inputs.positions, cache)?;
+    let t = hidden.dim(0)?;
+    let keep = keep.min(t);
+    model.logits(&hidden.narrow(0, t - keep, keep)?)
+}
+
+/// Prompt + continuation for one request on a private dense cache: the reference the paged
+/// engine is tested against.
 pub fn generate(
-    model: &QwenVl,
+    model: &dyn Model,
     ids: &[u32],
     vision: &VisionInput,
     params: &SamplingParams,
@@ -185,42 +254,28 @@ pub fn generate(
 
 /// `generate` with an optional token constraint (e.g. a JSON schema).
 pub fn generate_constrained(
-    model: &QwenVl,
+    model: &dyn Model,
     ids: &[u32],
     vision: &VisionInput,
     params: &SamplingParams,
     max_context: Option<usize>,
-    constraint: Option<&mut dyn TokenConstraint>,
+    mut constraint: Option<&mut dyn TokenConstraint>,
 ) -> Result<Generation> {
     params.validate()?;
-    let ctx = max_context.unwrap_or(model.cfg.text.max_position_embeddings);
+    let ctx = max_context.unwrap_or(model.spec().max_context);
     if ids.is_empty() {
         bail!("empty prompt");
     }
     if ids.len() >= ctx {
         bail!("prompt is {} tokens but the context window is {ctx}; shorten the dialogue or use fewer frames", ids.len());
     }
-    let prefill = model.prepare(ids, vision)?;
-    let mut kv = DenseKvCache::new();
-    let logits = model.forward(&prefill.embeds, &prefill.positions, &mut kv, 1)?.squeeze(0)?;
-    decode_loop(model, logits, ids.len(), prefill.rope_delta, &mut kv, params, ctx, constraint)
-}
-
-/// Samples from `logits` (of the last prompt token) and keeps decoding on `kv`.
-pub fn decode_loop(
-    model: &QwenVl,
-    mut logits: Tensor,
-    prompt_len: usize,
-    rope_delta: i64,
-    kv: &mut dyn AttentionBackend,
-    params: &SamplingParams,
-    ctx: usize,
-    mut constraint: Option<&mut dyn TokenConstraint>,
-) -> Result<Generation> {
+    let inputs = prepare(model, ids, vision)?;
+    let mut cache = DenseCache::new();
+    let mut logits = forward_logits(model, &inputs, &mut cache, 1)?.squeeze(0)?;
     let mut sampler = Sampler::new(params.clone());
-    let vocab = model.cfg.text.vocab_size;
-    let mut out = Generation { tokens: vec![], logprobs: vec![], finish: FinishReason::Length, prompt_tokens: prompt_len };
-    let mut past = prompt_len;
+    let vocab = model.spec().vocab_size;
+    let mut out = Generation { tokens: vec![], logprobs: vec![], finish: FinishReason::Length, prompt_tokens: ids.len() };
+    let mut past = ids.len();
     loop {
         let (tok, lp, finish) =
             sample_step(&mut sampler, constraint.as_deref_mut(), &logits, vocab, out.tokens.len() + 1, past + 1, ctx)?;
@@ -230,13 +285,18 @@ pub fn decode_loop(
             out.finish = f;
             break;
         }
-        logits = model.decode_step(tok, past, rope_delta, kv)?;
+        let step = PromptInputs {
+            embeds: model.embed_tokens(&[tok])?,
+            positions: model.decode_positions(past, 1, inputs.rope_delta),
+            rope_delta: inputs.rope_delta,
+        };
+        logits = forward_logits(model, &step, &mut cache, 1)?.squeeze(0)?;
         past += 1;
     }
     Ok(out)
 }
 
-/// One sampling step, shared by the dense loop above and the paged engine: picks a token under
+/// One sampling step, shared by the dense reference above and the paged engine: picks a token under
 /// the optional constraint and says whether generation ends with it. `generated` and `total`
 /// count the tokens after this one (generated only / prompt + generated).
 pub fn sample_step(

@@ -32,7 +32,7 @@ pub struct SpecialTokens {
 }
 
 /// A tokenizer plus (optionally) the checkpoint's chat template.
-pub struct MergTokenizer {
+pub struct ChatTokenizer {
     full: Tokenizer,
     plain: Tokenizer,
     /// (content, id) of every added token, longest first so matching prefers the longest.
@@ -42,9 +42,9 @@ pub struct MergTokenizer {
     template: Option<ChatTemplate>,
 }
 
-impl std::fmt::Debug for MergTokenizer {
+impl std::fmt::Debug for ChatTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MergTokenizer")
+        f.debug_struct("ChatTokenizer")
             .field("vocab_size", &self.vocab_size())
             .field("special", &self.special)
             .field("has_chat_template", &self.template.is_some())
@@ -58,7 +58,7 @@ enum Piece<'a> {
     Data(usize),
 }
 
-impl MergTokenizer {
+impl ChatTokenizer {
     /// Loads `dir/tokenizer.json` and the chat template found beside it
     /// (see [`find_chat_template`]: `chat_template.jinja`, `chat_template.json`, then
     /// `tokenizer_config.json`). A missing template is not an error until `encode_chat`.

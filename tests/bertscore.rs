@@ -7,7 +7,7 @@ mod common;
 use candle_core::Device;
 use merg::metrics::bertscore::{default_num_layers, Baseline, BertScorer, Score};
 use merg::metrics::polarity::{empathy, EmotionClassifier};
-use merg::models::encoder::{Checkpoint, Encoder};
+use merg::metrics::encoder::{EncoderCheckpoint, Encoder};
 use serde_json::Value;
 
 const TOL: f64 = 1e-4;
@@ -73,7 +73,7 @@ fn tokenization_matches_bert_score() {
 #[test]
 fn hidden_states_match_transformers() {
     let g = goldens("bertscore.json");
-    let ck = Checkpoint::load(&roberta(), &Device::Cpu).unwrap();
+    let ck = EncoderCheckpoint::load(&roberta(), &Device::Cpu).unwrap();
     let enc = Encoder::load(&ck.config, Some(2), ck.base_vb().unwrap()).unwrap();
     let s = BertScorer::load(&roberta(), Some(2), &Device::Cpu).unwrap();
     let mut worst = 0f32;

@@ -11,11 +11,11 @@ use anyhow::Result;
 use candle_core::{DType, Device};
 use common::*;
 use merg::chat::Message;
-use merg::config::ModelConfig;
 use merg::engine::constraint::{ConstraintFactory, JsonConstraint};
 use merg::generate::{generate_constrained, FinishReason, Generation, SamplingParams, TokenConstraint};
-use merg::models::{QwenVl, VisionInput};
-use merg::tokenizer::MergTokenizer;
+use merg::generate::VisionInput;
+use merg::models::qwen2_vl::{Config, QwenVl};
+use merg::tokenizer::ChatTokenizer;
 use serde_json::{json, Value};
 
 const IM_END: u32 = 450;
@@ -23,7 +23,7 @@ const TOKENIZER_VOCAB: usize = 462;
 
 fn load(family: &str) -> QwenVl {
     let dir = tiny_dir(family);
-    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let cfg = Config::from_file(&dir.join("config.json")).unwrap();
     let index: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
     let mut files: Vec<_> = index["weight_map"].as_object().unwrap().values().map(|v| dir.join(v.as_str().unwrap())).collect();
@@ -191,14 +191,14 @@ impl TokenConstraint for Checked {
 
 struct Rig {
     model: QwenVl,
-    tok: MergTokenizer,
+    tok: ChatTokenizer,
     factory: Arc<ConstraintFactory>,
     prompt: Vec<u32>,
 }
 
 impl Rig {
     fn new(family: &str) -> Rig {
-        let tok = MergTokenizer::from_dir(&tiny_dir(family)).unwrap();
+        let tok = ChatTokenizer::from_dir(&tiny_dir(family)).unwrap();
         let prompt = tok
             .encode_chat(&[Message::text("user", "How does the speaker feel? Answer in JSON.")], true, &[])
             .unwrap();
@@ -262,7 +262,7 @@ fn fixed_seed_is_deterministic_and_seeds_differ() {
 #[test]
 fn complete_value_allows_only_the_stop_token() {
     let f = factory("qwen2_vl");
-    let tok = MergTokenizer::from_dir(&tiny_dir("qwen2_vl")).unwrap();
+    let tok = ChatTokenizer::from_dir(&tiny_dir("qwen2_vl")).unwrap();
     let schema = json!({
         "type": "object",
         "properties": {"emotion": {"enum": ["joy", "fear"]}},
@@ -288,7 +288,7 @@ fn complete_value_allows_only_the_stop_token() {
 #[test]
 fn disallowed_token_is_an_error_not_a_panic() {
     let f = factory("qwen2_vl");
-    let tok = MergTokenizer::from_dir(&tiny_dir("qwen2_vl")).unwrap();
+    let tok = ChatTokenizer::from_dir(&tiny_dir("qwen2_vl")).unwrap();
     let mut c = f.json_schema(&caef_schema()).unwrap();
     let x = tok.encode_text("x").unwrap()[0];
     let e = c.commit(x).unwrap_err().to_string();
@@ -368,7 +368,7 @@ fn engine_schema_requests_validate_and_match_the_dense_path() {
     let family = "qwen2_5_vl";
     let rig = Rig::new(family);
     let files = merg::hub::resolve(tiny_dir(family).to_str().unwrap(), None).unwrap();
-    let rt = merg::runtime::Runtime::load(files, &Device::Cpu, Some(DType::F32)).unwrap();
+    let rt = merg::checkpoint::Checkpoint::load(files, &Device::Cpu, Some(DType::F32)).unwrap();
     let mut eng = Engine::new(rt, EngineConfig { kv_memory: KvMemory::Blocks(256), ..Default::default() }).unwrap();
     let msgs = vec![Message::text("user", "How does the speaker feel? Answer in JSON.")];
     let mut cases = vec![];

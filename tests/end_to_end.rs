@@ -8,7 +8,9 @@ use candle_core::{DType, Device, Tensor};
 use common::*;
 use merg::chat::messages_from_hf_json;
 use merg::generate::{generate, SamplingParams};
-use merg::runtime::{Media, Runtime};
+use merg::checkpoint::Checkpoint;
+use merg::generate::VisionInput;
+use merg::vision::Media;
 
 fn media_of(meta: &serde_json::Value) -> Vec<Media> {
     let dir = fixtures().join("media");
@@ -34,14 +36,15 @@ fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
 
 fn check(family: &str) {
     let files = merg::hub::resolve(tiny_dir(family).to_str().unwrap(), None).unwrap();
-    let rt = Runtime::load(files, &Device::Cpu, Some(DType::F32)).unwrap();
+    let rt = Checkpoint::load(files, &Device::Cpu, Some(DType::F32)).unwrap();
     for case in ["text", "image", "two_images", "video"] {
         let (g, meta) = golden(family, case);
         let messages = messages_from_hf_json(&meta["messages"]).unwrap();
-        let req = rt.prepare_request(&messages, &media_of(&meta)).unwrap();
+        let (ids, vision): (Vec<u32>, VisionInput) =
+            merg::generate::reference_inputs(&rt.processor, &messages, &media_of(&meta), &Device::Cpu).unwrap();
         let want: Vec<u32> = ids_i64(&g["input_ids"]).iter().map(|&x| x as u32).collect();
-        assert_eq!(req.ids, want, "{family}/{case}: input ids");
-        for (ours, theirs) in [(&req.vision.image_patches, "pixel_values"), (&req.vision.video_patches, "pixel_values_videos")] {
+        assert_eq!(ids, want, "{family}/{case}: input ids");
+        for (ours, theirs) in [(&vision.image_patches, "pixel_values"), (&vision.video_patches, "pixel_values_videos")] {
             match (ours, g.get(theirs)) {
                 (Some(a), Some(b)) => assert!(max_abs(a, b) <= 1e-5, "{family}/{case}: {theirs} differ"),
                 (None, None) => {}
@@ -49,7 +52,7 @@ fn check(family: &str) {
             }
         }
         let params = SamplingParams { max_new_tokens: 32, ..Default::default() };
-        let out = generate(&rt.model, &req.ids, &req.vision, &params, None).unwrap();
+        let out = generate(&*rt.model, &ids, &vision, &params, None).unwrap();
         let want: Vec<u32> = ids_i64(&g["greedy_ids"]).iter().map(|&x| x as u32).collect();
         assert_eq!(out.tokens, want, "{family}/{case}: greedy ids");
     }

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use common::*;
-use merg::config::ModelConfig;
+use merg::models::qwen2_vl::Config as ModelConfig;
 use merg::generate::{generate, SamplingParams};
-use merg::models::{QwenVl, VisionInput};
+use merg::generate::VisionInput;
+use merg::models::qwen2_vl::QwenVl;
 
 /// Copies a tiny checkpoint into a temp dir so a test can damage it.
 fn scratch_copy(family: &str) -> (tempfile::TempDir, PathBuf) {
@@ -80,8 +81,10 @@ fn unknown_model_type_names_the_file() {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path).unwrap().replace("\"model_type\": \"qwen2_vl\"", "\"model_type\": \"llava\"");
     std::fs::write(&cfg_path, text).unwrap();
-    let e = format!("{:#}", ModelConfig::from_file(&cfg_path).unwrap_err());
-    assert!(e.contains("config.json") && e.contains("llava"), "{e}");
+    let files = merg::hub::resolve(dir.to_str().unwrap(), None).unwrap();
+    let e = format!("{:#}", merg::checkpoint::Checkpoint::load(files, &Device::Cpu, None).err().expect("llava is not registered"));
+    // Names the file, the unknown type, and what is supported.
+    assert!(e.contains("config.json") && e.contains("llava") && e.contains("qwen2_vl, qwen2_5_vl"), "{e}");
 }
 
 #[test]

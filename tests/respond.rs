@@ -18,7 +18,7 @@ use merg::pipeline::model::{AgentCall, AgentModel, AgentReply, EngineModel};
 use merg::pipeline::prompt::Prompts;
 use merg::pipeline::retrieval::Memory;
 use merg::pipeline::{Pipeline, PipelineConfig, Trace};
-use merg::runtime::Runtime;
+use merg::checkpoint::Checkpoint;
 use serde_json::Value;
 
 fn example(name: &str) -> std::path::PathBuf {
@@ -27,7 +27,7 @@ fn example(name: &str) -> std::path::PathBuf {
 
 fn engine_thread() -> EngineThread {
     let files = merg::hub::resolve(tiny_dir("qwen2_5_vl").to_str().unwrap(), None).unwrap();
-    let rt = Runtime::load(files, &Device::Cpu, Some(DType::F32)).unwrap();
+    let rt = Checkpoint::load(files, &Device::Cpu, Some(DType::F32)).unwrap();
     EngineThread::spawn(Engine::new(rt, EngineConfig { kv_memory: KvMemory::Blocks(512), ..Default::default() }).unwrap())
 }
 

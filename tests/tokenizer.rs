@@ -6,7 +6,7 @@ use merg::chat::{
     messages_from_hf_json, ChatTemplate, ContentPart, Message, QWEN2_5_VL_CHAT_TEMPLATE,
     QWEN2_VL_CHAT_TEMPLATE,
 };
-use merg::tokenizer::MergTokenizer;
+use merg::tokenizer::ChatTokenizer;
 use std::path::PathBuf;
 
 fn manifest() -> PathBuf {
@@ -29,10 +29,10 @@ fn real_tokenizer_path() -> Option<PathBuf> {
     }
 }
 
-fn real() -> Option<MergTokenizer> {
+fn real() -> Option<ChatTokenizer> {
     let p = real_tokenizer_path()?;
     Some(
-        MergTokenizer::from_files(&p, Some(QWEN2_VL_CHAT_TEMPLATE.to_string()))
+        ChatTokenizer::from_files(&p, Some(QWEN2_VL_CHAT_TEMPLATE.to_string()))
             .expect("load real tokenizer"),
     )
 }
@@ -384,7 +384,7 @@ fn real_template_that_rewrites_text_is_refused() {
         return;
     };
     let src = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content[0].text.strip() }}<|im_end|>\n{% endfor %}";
-    let tok = MergTokenizer::from_files(&p, Some(src.into())).unwrap();
+    let tok = ChatTokenizer::from_files(&p, Some(src.into())).unwrap();
     let e = tok
         .encode_chat(&[Message::text("user", " hi ")], false, &[])
         .unwrap_err();
@@ -401,11 +401,11 @@ fn real_template_that_rewrites_text_is_refused() {
 #[test]
 fn missing_template_and_bad_files_are_errors() {
     let d = tempfile::tempdir().unwrap();
-    let e = MergTokenizer::from_dir(d.path()).unwrap_err();
+    let e = ChatTokenizer::from_dir(d.path()).unwrap_err();
     assert!(format!("{e:#}").contains("no tokenizer.json"), "{e:#}");
     let bad = d.path().join("tokenizer.json");
     std::fs::write(&bad, "{oops").unwrap();
-    let e = MergTokenizer::from_files(&bad, None).unwrap_err();
+    let e = ChatTokenizer::from_files(&bad, None).unwrap_err();
     assert!(
         format!("{e:#}").contains(&bad.display().to_string()),
         "{e:#}"
@@ -413,7 +413,7 @@ fn missing_template_and_bad_files_are_errors() {
     let Some(p) = real_tokenizer_path() else {
         return;
     };
-    let tok = MergTokenizer::from_files(&p, None).unwrap();
+    let tok = ChatTokenizer::from_files(&p, None).unwrap();
     let e = tok
         .encode_chat(&[Message::text("user", "hi")], true, &[])
         .unwrap_err();
@@ -486,7 +486,7 @@ fn golden_tiny_checkpoints_prompts_and_ids() {
         ("qwen2_5_vl", "tiny-qwen2_5-vl"),
     ] {
         let Some(d) = fixture(dir) else { continue };
-        let tok = MergTokenizer::from_dir(&d).unwrap();
+        let tok = ChatTokenizer::from_dir(&d).unwrap();
         for case in ["text", "image", "two_images", "video"] {
             let Some(js) = fixture(&format!("goldens/{model}/{case}.json")) else {
                 continue;
@@ -525,7 +525,7 @@ fn tiny_vocab_injection_and_seams() {
     let Some(d) = fixture("tiny-qwen2-vl") else {
         return;
     };
-    let tok = MergTokenizer::from_dir(&d).unwrap();
+    let tok = ChatTokenizer::from_dir(&d).unwrap();
     let s = *tok.special();
     assert_eq!(
         (s.endoftext, s.im_start, s.im_end, s.image_pad, s.video_pad),

@@ -15,7 +15,7 @@ use merg::metrics::polarity::{self, EmotionClassifier};
 use merg::pipeline::model::EngineModel;
 
 use super::respond::PipelineArgs;
-use crate::{load_runtime, EngineArgs, ModelArgs};
+use super::{load_checkpoint, EngineArgs, ModelArgs};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 pub enum DatasetArg {
@@ -189,7 +189,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     };
     let scorers = load_scorers(&spec, &model.device)?;
     let prompts = pipeline.prompts()?;
-    let engine = Engine::new(load_runtime(model)?, a.engine.config()?)?;
+    let engine = Engine::new(load_checkpoint(model)?, a.engine.config()?)?;
     let thread = EngineThread::spawn(engine);
     let agent_model = EngineModel::new(thread.handle.clone())?;
     let ev = Evaluator { spec: &spec, model: &agent_model, prompts: &prompts, memory: memory.as_ref(), scorers: &scorers };
@@ -202,7 +202,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
 }
 
 fn load_scorers(spec: &RunSpec, device: &str) -> Result<Scorers> {
-    let dev = merg::runtime::parse_device(device)?;
+    let dev = merg::checkpoint::parse_device(device)?;
     let bertscore = match &spec.bertscore_model {
         Some(m) => {
             let mut s = BertScorer::load(m, spec.bertscore_layers, &dev)

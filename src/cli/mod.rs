@@ -1,6 +1,108 @@
-//! Subcommands of the `merg` binary that are larger than a screen (binary-only modules; the
-//! library under src/ holds the logic they call).
+//! The `merg` command line: one file per command, plus the argument groups and helpers they
+//! share. The library under src/ holds the logic; this layer parses flags, loads inputs and
+//! prints, and turns library errors into messages that name the flags to change.
 
+pub mod bench;
 pub mod eval;
+pub mod generate;
+pub mod info;
 pub mod report;
 pub mod respond;
+
+use anyhow::Result;
+use clap::Args;
+
+use merg::checkpoint::{parse_device, Checkpoint};
+use merg::engine::EngineError;
+use merg::generate::SamplingParams;
+use merg::weights::parse_dtype;
+
+/// Paged-engine settings shared by the commands that run the engine.
+#[derive(Args)]
+pub struct EngineArgs {
+    /// KV pool size: a fraction of free memory (0.5), bytes (4GiB) or blocks:N.
+    #[arg(long, default_value = "0.3")]
+    kv_memory: String,
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    #[arg(long, default_value_t = 64)]
+    max_num_seqs: usize,
+    #[arg(long, default_value_t = 2048)]
+    max_step_tokens: usize,
+}
+
+impl EngineArgs {
+    pub fn config(&self) -> Result<merg::engine::EngineConfig> {
+        if self.block_size == 0 {
+            anyhow::bail!("--block-size must be at least 1");
+        }
+        Ok(merg::engine::EngineConfig {
+            block_size: self.block_size,
+            kv_memory: self.kv_memory.parse().map_err(|e: anyhow::Error| anyhow::anyhow!("--kv-memory: {e:#}"))?,
+            scheduler: merg::engine::scheduler::SchedulerConfig {
+                max_num_seqs: self.max_num_seqs.max(1),
+                max_step_tokens: self.max_step_tokens.max(1),
+            },
+            ..Default::default()
+        })
+    }
+}
+
+#[derive(Args)]
+pub struct ModelArgs {
+    /// Hugging Face repo id (uses the hub cache; HF_HOME / HF_HUB_OFFLINE=1 honoured) or a local directory.
+    #[arg(long)]
+    pub model: String,
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// f32, f16 or bf16 (default: bf16 on CUDA, f32 on CPU).
+    #[arg(long)]
+    pub dtype: Option<String>,
+}
+
+#[derive(Args)]
+pub struct SamplingArgs {
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            max_new_tokens: self.max_new_tokens,
+            stop_token_ids: vec![],
+        }
+    }
+}
+
+pub fn load_checkpoint(m: &ModelArgs) -> Result<Checkpoint> {
+    let device = parse_device(&m.device).map_err(|e| anyhow::anyhow!("--device: {e:#}"))?;
+    let dtype = m.dtype.as_deref().map(parse_dtype).transpose().map_err(|e| anyhow::anyhow!("--dtype: {e:#}"))?;
+    let files = merg::hub::resolve(&m.model, m.revision.as_deref())?;
+    Checkpoint::load(files, &device, dtype)
+}
+
+/// An engine error with the flag that addresses it, for the terminal.
+pub fn with_hint(e: EngineError) -> anyhow::Error {
+    match &e {
+        EngineError::OverCapacity(_) => anyhow::anyhow!("{e} (raise --kv-memory)"),
+        EngineError::BadRequest(m) if m.contains("context window") => anyhow::anyhow!("{e} (see --max-context)"),
+        _ => anyhow::Error::new(e),
+    }
+}

@@ -15,7 +15,7 @@ use merg::pipeline::prompt::Prompts;
 use merg::pipeline::retrieval::Memory;
 use merg::pipeline::{Baseline, Mode, Pipeline, PipelineConfig};
 
-use crate::{load_runtime, EngineArgs, ModelArgs};
+use super::{load_checkpoint, EngineArgs, ModelArgs};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum ModeArg {
@@ -174,7 +174,7 @@ pub fn cmd_respond(a: RespondArgs) -> Result<()> {
         let stem = a.dialogue.file_stem().and_then(|s| s.to_str()).unwrap_or("dialogue");
         PathBuf::from(format!("{stem}.trace.json"))
     });
-    let engine = Engine::new(load_runtime(&a.model)?, a.engine.config()?)?;
+    let engine = Engine::new(load_checkpoint(&a.model)?, a.engine.config()?)?;
     let thread = EngineThread::spawn(engine);
     let model = EngineModel::new(thread.handle.clone())?;
     let pipeline = Pipeline { model: &model, prompts: &prompts, memory: memory.as_ref(), cfg: &cfg };

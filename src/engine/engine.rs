@@ -1,24 +1,25 @@
 //! The engine: one loaded model, one KV pool, a block manager with prefix caching, a
-//! scheduler, and a vision-feature cache, driven one packed step at a time.
+//! scheduler, and a vision-feature cache, driven one packed step at a time. It sees the model
+//! only through the `Model` trait and its `ModelSpec`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Context;
 use candle_core::Tensor;
 use serde::Serialize;
 
 use super::block_manager::{BlockManager, CacheStats};
-use super::constraint::ConstraintFactory;
+use super::error::{too_big, EngineError, EngineResult};
 use super::kv_pool::{num_blocks_for, KvMemory, KvPool};
 use super::paged_attention::{PagedStep, SeqRun};
+use super::request::{ChatRequest, PreparedMedia, PreparedRequest, RequestPreparer};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence, Status};
-use super::vision_cache::{content_hash, VisionCache};
-use crate::chat::Message;
+use super::vision_cache::VisionCache;
+use crate::checkpoint::Checkpoint;
 use crate::generate::{sample_step, FinishReason, Sampler, SamplingParams, TokenConstraint};
-use crate::models::position::rope_index;
-use crate::runtime::{Media, Runtime};
+use crate::models::{Model, PromptInputs, RecurrentState};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -45,29 +46,6 @@ impl Default for EngineConfig {
     }
 }
 
-/// A chat request: messages, their media in placeholder order, sampling, and optionally a JSON
-/// schema the output must follow (or any other token constraint).
-pub struct ChatRequest {
-    pub messages: Vec<Message>,
-    pub media: Vec<Media>,
-    pub sampling: SamplingParams,
-    /// Compiled by the engine's `ConstraintFactory` (built from the checkpoint's tokenizer).
-    pub schema: Option<serde_json::Value>,
-    /// A ready-made constraint instead of a schema.
-    pub constraint: Option<Box<dyn TokenConstraint>>,
-}
-
-impl ChatRequest {
-    pub fn new(messages: Vec<Message>, media: Vec<Media>, sampling: SamplingParams) -> Self {
-        ChatRequest { messages, media, sampling, schema: None, constraint: None }
-    }
-
-    pub fn with_schema(mut self, schema: serde_json::Value) -> Self {
-        self.schema = Some(schema);
-        self
-    }
-}
-
 #[derive(Clone, Debug, Serialize)]
 pub struct Completion {
     pub text: String,
@@ -85,76 +63,87 @@ pub struct EngineStats {
     pub prefix: CacheStats,
     pub vision_hits: u64,
     pub vision_misses: u64,
+    pub late_preprocessing: u64,
     pub steps: u64,
     pub preemptions: u64,
     pub num_blocks: usize,
     pub block_size: usize,
 }
 
+/// What one step produced: every token sampled (in step order) and the requests that ended.
+#[derive(Default)]
+pub struct StepOutput {
+    pub tokens: Vec<(SeqId, u32, f32)>,
+    pub finished: Vec<(SeqId, Completion)>,
+}
+
 pub struct Engine {
-    pub runtime: Runtime,
+    model: Arc<dyn Model>,
+    preparer: RequestPreparer,
     pool: KvPool,
     bm: BlockManager,
     scheduler: Scheduler,
     seqs: HashMap<SeqId, Sequence>,
-    vision_cache: VisionCache,
+    vision_cache: Arc<Mutex<VisionCache>>,
     next_id: SeqId,
-    /// Built on the first schema request (the token trie takes a moment), then shared.
-    constraints: Option<Arc<ConstraintFactory>>,
     steps: u64,
     preemptions: u64,
+    /// Media items the engine thread had to preprocess itself (a cached item evicted between
+    /// preparation and admission); normally 0.
+    late_preprocessing: u64,
     max_context: usize,
 }
 
 impl Engine {
-    pub fn new(runtime: Runtime, cfg: EngineConfig) -> Result<Self> {
-        let m = &runtime.model;
-        let n = num_blocks_for(&cfg.kv_memory, &m.cfg.text, cfg.block_size, m.dtype(), m.device())?;
-        let pool = KvPool::new(&m.cfg.text, n, cfg.block_size, m.dtype(), m.device()).context("allocating the KV pool")?;
-        let max_context = cfg.max_context.unwrap_or(m.cfg.text.max_position_embeddings);
+    pub fn new(ckpt: Checkpoint, cfg: EngineConfig) -> anyhow::Result<Self> {
+        let model = ckpt.model.clone();
+        let spec = model.spec();
+        let n = num_blocks_for(&cfg.kv_memory, spec, cfg.block_size, model.dtype(), model.device())?;
+        let pool = KvPool::new(spec, n, cfg.block_size, model.dtype(), model.device()).context("allocating the KV pool")?;
+        let max_context = cfg.max_context.unwrap_or(spec.max_context);
+        let vision_cache = Arc::new(Mutex::new(VisionCache::new(cfg.vision_cache_entries)));
+        let preparer = RequestPreparer::new(ckpt.processor.clone(), vision_cache.clone(), ckpt.tokenizer_file(), max_context);
+        // K/V blocks alone cannot restore a recurrent layer's state, so a hybrid model runs
+        // without prefix caching until the cache also keeps state snapshots.
+        let prefix_caching = cfg.prefix_caching && !spec.has_recurrent_layers();
         Ok(Engine {
+            model,
+            preparer,
             pool,
-            bm: BlockManager::new(n, cfg.block_size, cfg.prefix_caching),
+            bm: BlockManager::new(n, cfg.block_size, prefix_caching),
             scheduler: Scheduler::new(cfg.scheduler.clone()),
             seqs: HashMap::new(),
-            vision_cache: VisionCache::new(cfg.vision_cache_entries),
+            vision_cache,
             next_id: 0,
-            constraints: None,
             steps: 0,
             preemptions: 0,
+            late_preprocessing: 0,
             max_context,
-            runtime,
         })
     }
 
+    pub fn model(&self) -> &Arc<dyn Model> {
+        &self.model
+    }
+
+    /// Caller-side request preparation (clone it into any thread).
+    pub fn preparer(&self) -> &RequestPreparer {
+        &self.preparer
+    }
+
     pub fn stats(&self) -> EngineStats {
+        let vc = self.vision_cache.lock().map(|v| (v.hits, v.misses)).unwrap_or_default();
         EngineStats {
             prefix: self.bm.stats().clone(),
-            vision_hits: self.vision_cache.hits,
-            vision_misses: self.vision_cache.misses,
+            vision_hits: vc.0,
+            vision_misses: vc.1,
+            late_preprocessing: self.late_preprocessing,
             steps: self.steps,
             // Finished sequences' preemptions plus those of sequences still in flight.
             preemptions: self.preemptions + self.seqs.values().map(|s| s.preemptions as u64).sum::<u64>(),
             num_blocks: self.pool.num_blocks,
             block_size: self.pool.block_size,
         }
-    }
-
-    /// Uses `f` for JSON schemas (needed when the runtime has no tokenizer file, e.g. dummy
-    /// weights with a separate tokenizer).
-    pub fn set_constraint_factory(&mut self, f: Arc<ConstraintFactory>) {
-        self.constraints = Some(f);
-    }
-
-    fn constraint_factory(&mut self) -> Result<Arc<ConstraintFactory>> {
-        if let Some(f) = &self.constraints {
-            return Ok(f.clone());
-        }
-        let files = self.runtime.files.as_ref().context("a JSON schema needs the tokenizer file: this runtime has none (set_constraint_factory)")?;
-        let stop = self.runtime.tokenizer.special().im_end;
-        let f = Arc::new(ConstraintFactory::from_tokenizer_json(&files.tokenizer, stop)?);
-        self.constraints = Some(f.clone());
-        Ok(f)
     }
 
     /// Context window requests are held to.
@@ -170,95 +159,88 @@ impl Engine {
         !self.scheduler.is_idle()
     }
 
-    /// Tokenizes, preprocesses and encodes media (through the vision cache, which skips both
-    /// for a known image), then queues the
-    /// request. Fails for this request only (bad media, too long, larger than the pool).
-    pub fn add_request(&mut self, mut req: ChatRequest) -> Result<SeqId> {
-        if let Some(schema) = req.schema.take() {
-            if req.constraint.is_some() {
-                bail!("a request takes a JSON schema or a constraint, not both");
-            }
-            req.constraint = Some(Box::new(self.constraint_factory()?.json_schema(&schema)?));
-        }
-        let rt = &self.runtime;
-        crate::runtime::check_placeholders(&req.messages, &req.media)?;
-        let mut image_feats = vec![];
-        let mut video_feats = vec![];
-        let mut hashes = (vec![], vec![]);
-        let mut grids = Vec::with_capacity(req.media.len());
-        for m in &req.media {
-            let key = content_hash(m);
-            // A cached item needs neither preprocessing nor the vision tower.
-            let (feats, grid) = match self.vision_cache.get(key) {
-                Some(hit) => hit,
-                None => {
-                    let item = rt.preprocess_one(m)?;
-                    let p = item.patches.to_tensor(rt.model.device())?;
-                    let f = rt.model.vision.forward(&p, &[item.grid.thw])?;
-                    self.vision_cache.insert(key, f.clone(), item.grid.clone());
-                    (f, item.grid)
-                }
-            };
-            if grid.is_video {
-                video_feats.push(feats);
-                hashes.1.push(key);
-            } else {
-                image_feats.push(feats);
-                hashes.0.push(key);
-            }
-            grids.push(grid);
-        }
-        let ids = rt.encode_prompt_grids(&req.messages, &grids)?;
-        let cat = |v: &[Tensor]| -> Result<Option<Tensor>> { Ok(if v.is_empty() { None } else { Some(Tensor::cat(v, 0)?) }) };
-        let (positions, rope_delta) = rope_index(&ids, &grids, &rt.model.cfg)?;
-        let embeds = rt.model.merge_features(&ids, cat(&image_feats)?.as_ref(), cat(&video_feats)?.as_ref())?;
-        let extra = placeholder_keys(&ids, rt.model.cfg.image_token_id, rt.model.cfg.video_token_id, &hashes.0, &hashes.1);
-        let mut sampling = req.sampling;
-        if sampling.stop_token_ids.is_empty() {
-            sampling.stop_token_ids = rt.tokenizer.stop_token_ids();
-        }
-        self.add_prepared(ids, extra, embeds, positions, rope_delta, sampling, req.constraint)
+    /// Prepares (on this thread) and queues a request. Fails for this request only.
+    pub fn add_request(&mut self, req: ChatRequest) -> EngineResult<SeqId> {
+        let prepared = self.preparer.prepare(req)?;
+        self.add_prepared(prepared)
     }
 
-    /// Queues already-prepared inputs (benchmarks and tests drive the engine this way).
-    #[allow(clippy::too_many_arguments)]
-    pub fn add_prepared(
+    /// Encodes the request's media through the vision cache, builds its decoder inputs and
+    /// queues it.
+    pub fn add_prepared(&mut self, p: PreparedRequest) -> EngineResult<SeqId> {
+        let mut feats = Vec::with_capacity(p.media.len());
+        for (i, m) in p.media.iter().enumerate() {
+            feats.push(self.media_features(m).map_err(|e| EngineError::BadRequest(format!("media item {i}: {e:#}")))?);
+        }
+        let grids: Vec<_> = p.media.iter().map(|m| m.grid.clone()).collect();
+        let inputs = self.model.prepare_prompt(&p.ids, &grids, &feats).map_err(EngineError::bad_request)?;
+        let spec = self.model.spec();
+        let keys: Vec<u64> = p.media.iter().map(|m| m.key).collect();
+        let extra = placeholder_keys(&p.ids, spec.special.image, spec.special.video, &keys);
+        self.add_inputs(p.ids, extra, inputs, p.sampling, p.constraint)
+    }
+
+    /// Vision features of one item: from the cache, else encoded (and cached).
+    fn media_features(&mut self, m: &PreparedMedia) -> anyhow::Result<Tensor> {
+        if let Some((f, _)) = lock(&self.vision_cache)?.get(m.key) {
+            return Ok(f);
+        }
+        let item;
+        let patches = match (&m.patches, &m.source) {
+            (Some(p), _) => p,
+            (None, Some(src)) => {
+                self.late_preprocessing += 1;
+                item = self.preparer.processor.preprocess(src)?;
+                &item.patches
+            }
+            (None, None) => anyhow::bail!("neither patches nor source pixels"),
+        };
+        let f = self.model.encode_media(&patches.to_tensor(self.model.device())?, &m.grid)?;
+        lock(&self.vision_cache)?.insert(m.key, f.clone(), m.grid.clone());
+        Ok(f)
+    }
+
+    /// Queues decoder inputs directly (benchmarks and tests drive the engine this way).
+    pub fn add_inputs(
         &mut self,
         ids: Vec<u32>,
         extra: Vec<u64>,
-        prompt_embeds: Tensor,
-        prompt_positions: [Vec<i64>; 3],
-        rope_delta: i64,
+        inputs: PromptInputs,
         sampling: SamplingParams,
         constraint: Option<Box<dyn TokenConstraint>>,
-    ) -> Result<SeqId> {
-        sampling.validate()?;
+    ) -> EngineResult<SeqId> {
+        sampling.validate().map_err(EngineError::bad_request)?;
         if ids.is_empty() {
-            bail!("empty prompt");
+            return Err(EngineError::bad("empty prompt"));
         }
         if ids.len() >= self.max_context {
-            bail!("prompt is {} tokens but the context window is {}", ids.len(), self.max_context);
+            return Err(EngineError::BadRequest(format!(
+                "prompt is {} tokens but the context window is {}",
+                ids.len(),
+                self.max_context
+            )));
         }
         let needed = self.bm.blocks_needed(0, ids.len() + 1);
         if needed > self.pool.num_blocks {
-            bail!(
-                "request needs {needed} KV blocks for its {}-token prompt but the whole pool has {} (raise --kv-memory)",
-                ids.len(),
-                self.pool.num_blocks
-            );
+            return Err(too_big(needed, self.pool.num_blocks, ids.len(), self.model.spec()));
         }
         let id = self.next_id;
         self.next_id += 1;
+        let recurrent = match self.model.spec().has_recurrent_layers() {
+            true => vec![RecurrentState::default(); self.model.spec().layers.len()],
+            false => vec![],
+        };
         let seq = Sequence {
             id,
             prompt_len: ids.len(),
             tokens: ids,
             extra,
-            prompt_embeds,
-            prompt_positions,
-            rope_delta,
+            prompt_embeds: inputs.embeds,
+            prompt_positions: inputs.positions,
+            rope_delta: inputs.rope_delta,
             num_computed: 0,
             table: vec![],
+            recurrent,
             status: Status::Waiting,
             sampler: Sampler::new(sampling.clone()),
             params: sampling,
@@ -275,22 +257,27 @@ impl Engine {
         Ok(id)
     }
 
-    /// One scheduling step; returns the requests that finished in it.
-    pub fn step(&mut self) -> Result<Vec<(SeqId, Completion)>> {
+    /// One scheduling step: the tokens it sampled and the requests that finished in it. A
+    /// failed step is an internal error (every request in flight is affected).
+    pub fn step(&mut self) -> EngineResult<StepOutput> {
+        self.step_inner().map_err(EngineError::internal)
+    }
+
+    fn step_inner(&mut self) -> anyhow::Result<StepOutput> {
         let (chunks, overflow) = self.scheduler.schedule(&mut self.seqs, &mut self.bm);
-        let mut done = vec![];
+        let mut out = StepOutput::default();
         for id in overflow {
             // Too large for the pool even alone: end it with what it has.
             if let Some(s) = self.seqs.get_mut(&id) {
                 s.finish = Some(FinishReason::Length);
             }
-            done.push(self.finish(id)?);
+            out.finished.push(self.finish(id)?);
         }
         if chunks.is_empty() {
-            return Ok(done);
+            return Ok(out);
         }
         self.steps += 1;
-        let model = &self.runtime.model;
+        let model = self.model.clone();
         let dev = model.device().clone();
         let mut embeds = Vec::with_capacity(chunks.len());
         let mut positions: [Vec<i64>; 3] = [vec![], vec![], vec![]];
@@ -298,22 +285,28 @@ impl Engine {
         let mut write_slots = vec![];
         let mut start = 0;
         for c in &chunks {
-            let s = &self.seqs[&c.seq];
+            let s = self.seqs.get_mut(&c.seq).expect("scheduled");
             let (a, b) = (s.num_computed, s.num_computed + c.len);
-            embeds.push(seq_embeds(s, a, b, model)?);
-            let p = s.positions(a, b);
+            embeds.push(seq_embeds(s, a, b, &*model)?);
+            let p = s.positions(a, b, |past, n, d| model.decode_positions(past, n, d));
             for k in 0..3 {
                 positions[k].extend_from_slice(&p[k]);
             }
             write_slots.extend(self.pool.slots(&s.table, a, b));
             let ctx = self.pool.slots(&s.table, 0, b);
-            runs.push(SeqRun { start, len: c.len, context_slots: Tensor::new(ctx, &dev)? });
+            let recurrent = std::mem::take(&mut s.recurrent);
+            runs.push(SeqRun { start, len: c.len, context_slots: Tensor::new(ctx, &dev)?, recurrent });
             start += c.len;
         }
         let embeds = Tensor::cat(&embeds, 0)?;
         let write_index = self.pool.write_index(&write_slots, &dev)?;
         let mut step = PagedStep::new(&self.pool, runs, write_index);
-        let hidden = model.text.forward(&embeds, &positions, &mut step)?;
+        let hidden = model.forward(&embeds, &positions, &mut step);
+        // Give each sequence its recurrent state back, whatever the forward did.
+        for (c, r) in chunks.iter().zip(step.runs.drain(..)) {
+            self.seqs.get_mut(&c.seq).expect("scheduled").recurrent = r.recurrent;
+        }
+        let hidden = hidden?;
         // Rows whose sequence reaches its last token this step get sampled.
         let mut rows = vec![];
         let mut samplers = vec![];
@@ -334,26 +327,36 @@ impl Engine {
         }
         if !rows.is_empty() {
             let idx = Tensor::new(rows.as_slice(), &dev)?;
-            let logits = model.text.logits(&hidden.index_select(&idx, 0)?)?;
-            let vocab = model.cfg.text.vocab_size;
+            let logits = model.logits(&hidden.index_select(&idx, 0)?)?;
+            let vocab = model.spec().vocab_size;
             for (i, id) in samplers.into_iter().enumerate() {
                 let s = self.seqs.get_mut(&id).expect("scheduled");
-                if sample_next(s, &logits.get(i)?, vocab)? {
-                    done.push(self.finish(id)?);
+                let (tok, lp, done) = sample_next(s, &logits.get(i)?, vocab)?;
+                out.tokens.push((id, tok, lp));
+                if done {
+                    out.finished.push(self.finish(id)?);
                 }
             }
         }
-        Ok(done)
+        Ok(out)
     }
 
-    fn finish(&mut self, id: SeqId) -> Result<(SeqId, Completion)> {
+    /// Ends a request now, keeping what it generated (`FinishReason::Aborted`); `None` when it
+    /// is not in flight (already finished, or never queued).
+    pub fn abort(&mut self, id: SeqId) -> Option<Completion> {
+        let s = self.seqs.get_mut(&id)?;
+        s.finish = Some(FinishReason::Aborted);
+        self.finish(id).ok().map(|(_, c)| c)
+    }
+
+    fn finish(&mut self, id: SeqId) -> anyhow::Result<(SeqId, Completion)> {
         let s = self.seqs.remove(&id).context("finishing an unknown sequence")?;
         self.scheduler.remove_finished(id);
         if !s.table.is_empty() {
             self.bm.free(&s.table).map_err(|e| anyhow::anyhow!("freeing blocks of sequence {id}: {e:?}"))?;
         }
         self.preemptions += s.preemptions as u64;
-        let text = self.runtime.tokenizer.decode(s.generated(), true)?;
+        let text = self.preparer.processor.tokenizer.decode(s.generated(), true)?;
         Ok((
             id,
             Completion {
@@ -369,25 +372,29 @@ impl Engine {
     }
 
     /// Runs requests to completion; results in request order (a bad request fails alone).
-    pub fn run_all(&mut self, reqs: Vec<ChatRequest>) -> Vec<Result<Completion>> {
-        let mut order: Vec<Result<SeqId>> = reqs.into_iter().map(|r| self.add_request(r)).collect();
+    pub fn run_all(&mut self, reqs: Vec<ChatRequest>) -> Vec<EngineResult<Completion>> {
+        let mut order: Vec<EngineResult<SeqId>> = reqs.into_iter().map(|r| self.add_request(r)).collect();
         let mut results: HashMap<SeqId, Completion> = HashMap::new();
         while self.has_pending() {
             match self.step() {
-                Ok(done) => results.extend(done),
-                Err(e) => return order.drain(..).map(|_| Err(anyhow::anyhow!("engine step failed: {e:#}"))).collect(),
+                Ok(out) => results.extend(out.finished),
+                Err(e) => return order.drain(..).map(|_| Err(e.clone())).collect(),
             }
         }
         order
             .drain(..)
-            .map(|r| r.and_then(|id| results.remove(&id).context("request vanished")))
+            .map(|r| r.and_then(|id| results.remove(&id).ok_or_else(|| EngineError::Internal(format!("request {id} vanished")))))
             .collect()
     }
 }
 
+fn lock(c: &Mutex<VisionCache>) -> anyhow::Result<std::sync::MutexGuard<'_, VisionCache>> {
+    c.lock().map_err(|_| anyhow::anyhow!("vision cache poisoned"))
+}
+
 /// Embeddings of tokens `a..b`: the stored prompt embeddings, then plain token embeddings for
 /// generated tokens.
-fn seq_embeds(s: &Sequence, a: usize, b: usize, model: &crate::models::QwenVl) -> Result<Tensor> {
+fn seq_embeds(s: &Sequence, a: usize, b: usize, model: &dyn Model) -> anyhow::Result<Tensor> {
     let mut parts = vec![];
     let p_end = b.min(s.prompt_len);
     if a < p_end {
@@ -395,25 +402,26 @@ fn seq_embeds(s: &Sequence, a: usize, b: usize, model: &crate::models::QwenVl) -
     }
     let g = a.max(s.prompt_len);
     if g < b {
-        parts.push(model.text.embed(&s.tokens[g..b])?);
+        parts.push(model.embed_tokens(&s.tokens[g..b])?);
     }
     Ok(if parts.len() == 1 { parts.pop().expect("one part") } else { Tensor::cat(&parts, 0)? })
 }
 
-/// Samples one token; returns true when the sequence is finished.
-fn sample_next(s: &mut Sequence, logits: &Tensor, vocab: usize) -> Result<bool> {
+/// Samples one token; returns it, its log-prob, and whether the sequence is finished.
+fn sample_next(s: &mut Sequence, logits: &Tensor, vocab: usize) -> anyhow::Result<(u32, f32, bool)> {
     let (generated, total) = (s.generated().len() + 1, s.tokens.len() + 1);
     let (tok, lp, finish) =
         sample_step(&mut s.sampler, s.constraint.as_deref_mut(), logits, vocab, generated, total, s.max_context)?;
     s.tokens.push(tok);
     s.logprobs.push(lp);
     s.finish = finish;
-    Ok(finish.is_some())
+    Ok((tok, lp, finish.is_some()))
 }
 
-/// Per-token extra keys: the content hash of the media item each placeholder run stands for.
-fn placeholder_keys(ids: &[u32], image_tok: u32, video_tok: u32, images: &[u64], videos: &[u64]) -> Vec<u64> {
-    let (mut ii, mut vi) = (0, 0);
+/// Per-token extra keys: the content hash of the media item each placeholder run stands for
+/// (`keys` in prompt order; each item is one run).
+fn placeholder_keys(ids: &[u32], image_tok: u32, video_tok: u32, keys: &[u64]) -> Vec<u64> {
+    let mut next = 0;
     let mut out = vec![0u64; ids.len()];
     let mut i = 0;
     while i < ids.len() {
@@ -422,8 +430,8 @@ fn placeholder_keys(ids: &[u32], image_tok: u32, video_tok: u32, images: &[u64],
             i += 1;
             continue;
         }
-        let key = if t == image_tok { ii += 1; images.get(ii - 1) } else { vi += 1; videos.get(vi - 1) };
-        let key = key.copied().unwrap_or(u64::MAX);
+        let key = keys.get(next).copied().unwrap_or(u64::MAX);
+        next += 1;
         while i < ids.len() && ids[i] == t {
             out[i] = key;
             i += 1;

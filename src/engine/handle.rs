@@ -1,26 +1,43 @@
 //! A cloneable, thread-safe front door to one engine. The engine lives on its own thread;
-//! callers on any thread submit requests and block on (or poll) their own reply channel, and
-//! requests that arrive together are batched together.
+//! callers on any thread prepare their requests themselves (tokens, media preprocessing,
+//! schema compilation: `RequestPreparer`), then hand them over and read a stream of events.
+//! Requests that arrive together are batched together, and any request can be aborted.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use anyhow::{anyhow, Result};
-
-use super::engine::{ChatRequest, Completion, Engine, EngineStats};
+use super::engine::{Completion, Engine, EngineStats};
+use super::error::{EngineError, EngineResult};
+use super::request::{ChatRequest, PreparedRequest, RequestPreparer};
 use super::sequence::SeqId;
 
+/// Identifies a request to its handle (for `abort`).
+pub type RequestId = u64;
+
+/// What a request's stream yields: each sampled token as it is produced, then exactly one
+/// `Finished` or `Error`.
+#[derive(Debug)]
+pub enum Event {
+    Token { token: u32, logprob: f32 },
+    Finished(Completion),
+    Error(EngineError),
+}
+
 enum Msg {
-    Submit(ChatRequest, Sender<Result<Completion>>),
+    Submit(RequestId, Box<PreparedRequest>, Sender<Event>),
+    Abort(RequestId),
     Stats(Sender<EngineStats>),
-    Inspect(Box<dyn FnOnce(&Engine) + Send>),
     Shutdown,
 }
 
 #[derive(Clone)]
 pub struct EngineHandle {
     tx: Sender<Msg>,
+    preparer: RequestPreparer,
+    next_id: Arc<AtomicU64>,
 }
 
 pub struct EngineThread {
@@ -31,8 +48,9 @@ pub struct EngineThread {
 impl EngineThread {
     pub fn spawn(mut engine: Engine) -> Self {
         let (tx, rx) = channel::<Msg>();
+        let preparer = engine.preparer().clone();
         let join = std::thread::spawn(move || serve(&mut engine, rx));
-        EngineThread { handle: EngineHandle { tx }, join: Some(join) }
+        EngineThread { handle: EngineHandle { tx, preparer, next_id: Arc::new(AtomicU64::new(0)) }, join: Some(join) }
     }
 }
 
@@ -45,43 +63,116 @@ impl Drop for EngineThread {
     }
 }
 
-impl EngineHandle {
-    /// Queues a request; the receiver yields its completion (or its own error).
-    pub fn submit(&self, req: ChatRequest) -> Receiver<Result<Completion>> {
-        let (tx, rx) = channel();
-        if let Err(e) = self.tx.send(Msg::Submit(req, tx)) {
-            if let Msg::Submit(_, reply) = e.0 {
-                let _ = reply.send(Err(anyhow!("engine has shut down")));
+/// The events of one request, with a way to abort it.
+pub struct RequestStream {
+    id: RequestId,
+    rx: Receiver<Event>,
+    tx: Sender<Msg>,
+}
+
+impl RequestStream {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// Next event; `None` once the stream has ended.
+    pub fn next_event(&self) -> Option<Event> {
+        self.rx.recv().ok()
+    }
+
+    /// Stops generation; the stream then ends with `Finished` (reason `Aborted`, the tokens so
+    /// far kept) unless the request had already finished.
+    pub fn abort(&self) {
+        let _ = self.tx.send(Msg::Abort(self.id));
+    }
+
+    /// Waits for the end, skipping token events.
+    pub fn wait(self) -> EngineResult<Completion> {
+        loop {
+            match self.rx.recv() {
+                Ok(Event::Token { .. }) => continue,
+                Ok(Event::Finished(c)) => return Ok(c),
+                Ok(Event::Error(e)) => return Err(e),
+                Err(_) => return Err(EngineError::ShutDown),
             }
         }
-        rx
+    }
+}
+
+impl Iterator for RequestStream {
+    type Item = Event;
+    fn next(&mut self) -> Option<Event> {
+        self.next_event()
+    }
+}
+
+impl EngineHandle {
+    /// Caller-side preparation: token counts, the tokenizer, the context window.
+    pub fn preparer(&self) -> &RequestPreparer {
+        &self.preparer
     }
 
-    /// Submits and waits.
-    pub fn generate(&self, req: ChatRequest) -> Result<Completion> {
-        self.submit(req).recv().map_err(|_| anyhow!("engine thread ended"))?
+    /// Prepares `req` on the calling thread (the engine keeps stepping meanwhile), then queues
+    /// it. A bad request fails here, before it reaches the engine.
+    pub fn submit(&self, req: ChatRequest) -> EngineResult<RequestStream> {
+        let prepared = self.preparer.prepare(req)?;
+        self.submit_prepared(prepared)
     }
 
-    /// Runs `f` on the engine thread between steps (e.g. to count a prompt's tokens with the
-    /// engine's tokenizer) and returns its result.
-    pub fn inspect<T: Send + 'static>(&self, f: impl FnOnce(&Engine) -> T + Send + 'static) -> Result<T> {
+    /// Queues an already prepared request.
+    pub fn submit_prepared(&self, req: PreparedRequest) -> EngineResult<RequestStream> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = channel();
-        let job: Box<dyn FnOnce(&Engine) + Send> = Box::new(move |e| {
-            let _ = tx.send(f(e));
-        });
-        self.tx.send(Msg::Inspect(job)).map_err(|_| anyhow!("engine has shut down"))?;
-        rx.recv().map_err(|_| anyhow!("engine thread ended"))
+        self.tx.send(Msg::Submit(id, Box::new(req), tx)).map_err(|_| EngineError::ShutDown)?;
+        Ok(RequestStream { id, rx, tx: self.tx.clone() })
     }
 
-    pub fn stats(&self) -> Result<EngineStats> {
+    /// Submits and waits for the completion.
+    pub fn generate(&self, req: ChatRequest) -> EngineResult<Completion> {
+        self.submit(req)?.wait()
+    }
+
+    /// Aborts request `id` (see `RequestStream::abort`).
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.tx.send(Msg::Abort(id));
+    }
+
+    pub fn stats(&self) -> EngineResult<EngineStats> {
         let (tx, rx) = channel();
-        self.tx.send(Msg::Stats(tx)).map_err(|_| anyhow!("engine has shut down"))?;
-        rx.recv().map_err(|_| anyhow!("engine thread ended"))
+        self.tx.send(Msg::Stats(tx)).map_err(|_| EngineError::ShutDown)?;
+        rx.recv().map_err(|_| EngineError::ShutDown)
+    }
+}
+
+/// Requests in flight on the engine thread.
+#[derive(Default)]
+struct Waiting {
+    by_seq: HashMap<SeqId, (RequestId, Sender<Event>)>,
+    seq_of: HashMap<RequestId, SeqId>,
+}
+
+impl Waiting {
+    fn insert(&mut self, req: RequestId, seq: SeqId, tx: Sender<Event>) {
+        self.by_seq.insert(seq, (req, tx));
+        self.seq_of.insert(req, seq);
+    }
+
+    fn remove(&mut self, seq: SeqId) -> Option<Sender<Event>> {
+        let (req, tx) = self.by_seq.remove(&seq)?;
+        self.seq_of.remove(&req);
+        Some(tx)
+    }
+
+    fn fail_all(&mut self, e: &EngineError) {
+        for (_, (_, tx)) in self.by_seq.drain() {
+            let _ = tx.send(Event::Error(e.clone()));
+        }
+        self.seq_of.clear();
     }
 }
 
 fn serve(engine: &mut Engine, rx: Receiver<Msg>) {
-    let mut waiting: HashMap<SeqId, Sender<Result<Completion>>> = HashMap::new();
+    let mut waiting = Waiting::default();
     loop {
         // Block only when there is nothing to compute; otherwise take what has arrived.
         let mut msgs = vec![];
@@ -94,22 +185,23 @@ fn serve(engine: &mut Engine, rx: Receiver<Msg>) {
         msgs.extend(rx.try_iter());
         for m in msgs {
             match m {
-                Msg::Submit(req, reply) => match engine.add_request(req) {
-                    Ok(id) => {
-                        waiting.insert(id, reply);
-                    }
+                Msg::Submit(id, req, reply) => match engine.add_prepared(*req) {
+                    Ok(seq) => waiting.insert(id, seq, reply),
                     Err(e) => {
-                        let _ = reply.send(Err(e));
+                        let _ = reply.send(Event::Error(e));
                     }
                 },
+                Msg::Abort(id) => {
+                    let Some(&seq) = waiting.seq_of.get(&id) else { continue };
+                    if let (Some(c), Some(tx)) = (engine.abort(seq), waiting.remove(seq)) {
+                        let _ = tx.send(Event::Finished(c));
+                    }
+                }
                 Msg::Stats(reply) => {
                     let _ = reply.send(engine.stats());
                 }
-                Msg::Inspect(job) => job(engine),
                 Msg::Shutdown => {
-                    for (_, r) in waiting.drain() {
-                        let _ = r.send(Err(anyhow!("engine shut down before the request finished")));
-                    }
+                    waiting.fail_all(&EngineError::ShutDown);
                     return;
                 }
             }
@@ -120,22 +212,25 @@ fn serve(engine: &mut Engine, rx: Receiver<Msg>) {
     }
 }
 
-/// One engine step; delivers finished requests. A failed step fails every waiting request.
-fn step(engine: &mut Engine, waiting: &mut HashMap<SeqId, Sender<Result<Completion>>>) -> bool {
+/// One engine step; streams its tokens and delivers finished requests. A failed step fails
+/// every waiting request.
+fn step(engine: &mut Engine, waiting: &mut Waiting) -> bool {
     match engine.step() {
-        Ok(done) => {
-            for (id, c) in done {
-                if let Some(r) = waiting.remove(&id) {
-                    let _ = r.send(Ok(c));
+        Ok(out) => {
+            for (seq, token, logprob) in out.tokens {
+                if let Some((_, tx)) = waiting.by_seq.get(&seq) {
+                    let _ = tx.send(Event::Token { token, logprob });
+                }
+            }
+            for (seq, c) in out.finished {
+                if let Some(tx) = waiting.remove(seq) {
+                    let _ = tx.send(Event::Finished(c));
                 }
             }
             true
         }
         Err(e) => {
-            let msg = format!("{e:#}");
-            for (_, r) in waiting.drain() {
-                let _ = r.send(Err(anyhow!("engine step failed: {msg}")));
-            }
+            waiting.fail_all(&e);
             false
         }
     }

@@ -1,4 +1,6 @@
-//! The one KV-cache pool: per layer, K and V tensors of `num_blocks * block_size` token slots.
+//! The one KV-cache pool: per attention layer, K and V tensors of `num_blocks * block_size`
+//! token slots (recurrent layers of a hybrid model keep fixed-size state per sequence instead
+//! and take no pool memory).
 //! The block manager decides which slots a sequence owns; this file only moves tensors.
 //! Writes are in place (`scatter_set`), reads gather a sequence's slots into a dense tensor
 //! for attention (custom paged kernels can replace the gather later, behind the same API).
@@ -6,11 +8,13 @@
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 
-use crate::config::TextConfig;
+use crate::models::{LayerKind, ModelSpec};
 
 pub struct KvPool {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
+    /// Model layer → index into `k`/`v` (None for layers without K/V).
+    slot_of_layer: Vec<Option<usize>>,
     pub block_size: usize,
     pub num_blocks: usize,
     kv_heads: usize,
@@ -32,29 +36,29 @@ impl std::str::FromStr for KvMemory {
     fn from_str(s: &str) -> Result<Self> {
         let t = s.trim();
         if let Some(n) = t.strip_prefix("blocks:") {
-            return Ok(KvMemory::Blocks(n.parse().with_context(|| format!("--kv-memory {s:?}: bad block count"))?));
+            return Ok(KvMemory::Blocks(n.parse().with_context(|| format!("KV memory {s:?}: bad block count"))?));
         }
         let units = [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("GB", 1_000_000_000), ("MB", 1_000_000), ("B", 1)];
         for (u, mul) in units {
             if let Some(n) = t.strip_suffix(u) {
-                let v: f64 = n.trim().parse().with_context(|| format!("--kv-memory {s:?}: bad number"))?;
+                let v: f64 = n.trim().parse().with_context(|| format!("KV memory {s:?}: bad number"))?;
                 return Ok(KvMemory::Bytes((v * mul as f64) as u64));
             }
         }
-        let v: f64 = t.parse().with_context(|| format!("--kv-memory {s:?}: use a fraction like 0.5, bytes like 4GiB, or blocks:N"))?;
+        let v: f64 = t.parse().with_context(|| format!("KV memory {s:?}: use a fraction like 0.5, bytes like 4GiB, or blocks:N"))?;
         if v > 0.0 && v <= 1.0 {
             Ok(KvMemory::Fraction(v))
         } else if v > 1.0 {
             Ok(KvMemory::Bytes(v as u64))
         } else {
-            bail!("--kv-memory {s:?} must be positive")
+            bail!("KV memory {s:?} must be positive")
         }
     }
 }
 
-/// Bytes of K+V one block takes across all layers.
-pub fn bytes_per_block(cfg: &TextConfig, block_size: usize, dtype: DType) -> u64 {
-    2 * cfg.num_hidden_layers as u64 * block_size as u64 * cfg.num_key_value_heads as u64 * cfg.head_dim() as u64 * dtype.size_in_bytes() as u64
+/// Bytes of K+V one block takes across all attention layers.
+pub fn bytes_per_block(spec: &ModelSpec, block_size: usize, dtype: DType) -> u64 {
+    2 * spec.num_attention_layers() as u64 * block_size as u64 * spec.num_kv_heads as u64 * spec.head_dim as u64 * dtype.size_in_bytes() as u64
 }
 
 fn available_bytes(device: &Device) -> Result<u64> {
@@ -75,30 +79,46 @@ fn available_bytes(device: &Device) -> Result<u64> {
     Ok(kb.map(|k| k * 1024).unwrap_or(4 << 30))
 }
 
-pub fn num_blocks_for(mem: &KvMemory, cfg: &TextConfig, block_size: usize, dtype: DType, device: &Device) -> Result<usize> {
-    let per = bytes_per_block(cfg, block_size, dtype);
+pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype: DType, device: &Device) -> Result<usize> {
+    // A model without attention layers needs no pool; one block keeps the bookkeeping uniform.
+    let per = bytes_per_block(spec, block_size, dtype).max(1);
     let n = match mem {
         KvMemory::Blocks(n) => *n,
         KvMemory::Bytes(b) => (*b / per) as usize,
         KvMemory::Fraction(f) => ((available_bytes(device)? as f64 * f) as u64 / per) as usize,
     };
     if n == 0 {
-        bail!("--kv-memory {mem:?} holds no block of {block_size} tokens ({per} bytes each)");
+        bail!("KV memory {mem:?} holds no block of {block_size} tokens ({per} bytes each)");
     }
     Ok(n)
 }
 
 impl KvPool {
-    pub fn new(cfg: &TextConfig, num_blocks: usize, block_size: usize, dtype: DType, device: &Device) -> Result<Self> {
-        let (kvh, d) = (cfg.num_key_value_heads, cfg.head_dim());
+    pub fn new(spec: &ModelSpec, num_blocks: usize, block_size: usize, dtype: DType, device: &Device) -> Result<Self> {
+        let (kvh, d) = (spec.num_kv_heads, spec.head_dim);
         let slots = num_blocks * block_size;
-        let mut k = Vec::with_capacity(cfg.num_hidden_layers);
-        let mut v = Vec::with_capacity(cfg.num_hidden_layers);
-        for _ in 0..cfg.num_hidden_layers {
-            k.push(Tensor::zeros((slots, kvh * d), dtype, device)?);
-            v.push(Tensor::zeros((slots, kvh * d), dtype, device)?);
+        let n = spec.num_attention_layers();
+        let (mut k, mut v) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut slot_of_layer = Vec::with_capacity(spec.layers.len());
+        for kind in &spec.layers {
+            if *kind == LayerKind::Attention {
+                slot_of_layer.push(Some(k.len()));
+                k.push(Tensor::zeros((slots, kvh * d), dtype, device)?);
+                v.push(Tensor::zeros((slots, kvh * d), dtype, device)?);
+            } else {
+                slot_of_layer.push(None);
+            }
         }
-        Ok(KvPool { k, v, block_size, num_blocks, kv_heads: kvh, head_dim: d })
+        Ok(KvPool { k, v, slot_of_layer, block_size, num_blocks, kv_heads: kvh, head_dim: d })
+    }
+
+    /// Attention layers holding K/V in the pool.
+    pub fn num_layers(&self) -> usize {
+        self.k.len()
+    }
+
+    fn slot(&self, layer: usize) -> Result<usize> {
+        self.slot_of_layer.get(layer).copied().flatten().with_context(|| format!("layer {layer} keeps no K/V in the pool"))
     }
 
     /// Index tensor for `write`: each slot id repeated across the row width.
@@ -111,9 +131,10 @@ impl KvPool {
     pub fn write(&self, layer: usize, index: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
         let n = k.dim(0)?;
         let w = self.kv_heads * self.head_dim;
-        let dtype = self.k[layer].dtype();
-        self.k[layer].scatter_set(index, &k.reshape((n, w))?.to_dtype(dtype)?.contiguous()?, 0)?;
-        self.v[layer].scatter_set(index, &v.reshape((n, w))?.to_dtype(dtype)?.contiguous()?, 0)?;
+        let l = self.slot(layer)?;
+        let dtype = self.k[l].dtype();
+        self.k[l].scatter_set(index, &k.reshape((n, w))?.to_dtype(dtype)?.contiguous()?, 0)?;
+        self.v[l].scatter_set(index, &v.reshape((n, w))?.to_dtype(dtype)?.contiguous()?, 0)?;
         Ok(())
     }
 
@@ -121,8 +142,9 @@ impl KvPool {
     pub fn gather(&self, layer: usize, slots: &Tensor) -> Result<(Tensor, Tensor)> {
         let s = slots.dim(0)?;
         let shape = (s, self.kv_heads, self.head_dim);
-        let k = self.k[layer].index_select(slots, 0)?.reshape(shape)?;
-        let v = self.v[layer].index_select(slots, 0)?.reshape(shape)?;
+        let l = self.slot(layer)?;
+        let k = self.k[l].index_select(slots, 0)?.reshape(shape)?;
+        let v = self.v[l].index_select(slots, 0)?.reshape(shape)?;
         Ok((k, v))
     }
 
@@ -143,5 +165,35 @@ mod tests {
         assert_eq!("blocks:12".parse::<KvMemory>().unwrap(), KvMemory::Blocks(12));
         assert!("-1".parse::<KvMemory>().is_err());
         assert!("lots".parse::<KvMemory>().is_err());
+    }
+
+    /// A hybrid model's pool holds K/V for its attention layers only, and is sized by them.
+    #[test]
+    fn pool_covers_attention_layers_only() {
+        use crate::models::SpecialIds;
+        let rec = LayerKind::Recurrent { conv_shape: vec![3, 8], state_shape: vec![2, 4, 4] };
+        let spec = |layers: Vec<LayerKind>| ModelSpec {
+            model_type: "test".into(),
+            layers,
+            num_kv_heads: 2,
+            head_dim: 4,
+            hidden_size: 8,
+            vocab_size: 16,
+            max_context: 64,
+            special: SpecialIds { image: 1, video: 2, vision_start: 3, vision_end: 4, eos: vec![] },
+            vision: None,
+        };
+        let hybrid = spec(vec![rec.clone(), rec.clone(), rec, LayerKind::Attention]);
+        let dense = spec(vec![LayerKind::Attention; 4]);
+        assert_eq!(bytes_per_block(&dense, 16, DType::F32), 4 * bytes_per_block(&hybrid, 16, DType::F32));
+        let mem = KvMemory::Bytes(bytes_per_block(&dense, 16, DType::F32) * 10);
+        assert_eq!(num_blocks_for(&mem, &hybrid, 16, DType::F32, &Device::Cpu).unwrap(), 40);
+        let pool = KvPool::new(&hybrid, 4, 16, DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(pool.num_layers(), 1);
+        let (k, v) = (Tensor::ones((2, 2, 4), DType::F32, &Device::Cpu).unwrap(), Tensor::ones((2, 2, 4), DType::F32, &Device::Cpu).unwrap());
+        let idx = pool.write_index(&[0, 1], &Device::Cpu).unwrap();
+        assert!(pool.write(3, &idx, &k, &v).is_ok());
+        let e = pool.write(0, &idx, &k, &v).unwrap_err().to_string();
+        assert!(e.contains("layer 0 keeps no K/V"), "{e}");
     }
 }

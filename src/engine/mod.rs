@@ -2,26 +2,32 @@
 //! caching, continuous batching and constrained decoding (nano-vllm's shape: one concept per
 //! file).
 //!
+//! - `request`: chat requests and their caller-side preparation.
 //! - `sequence`: one request in flight.
 //! - `block_manager`: which pool blocks each sequence owns; prefix-cache hashing and LRU.
-//! - `kv_pool`: the K/V tensors themselves (scatter writes, gathered reads).
-//! - `paged_attention`: the model's `AttentionBackend` over the pool for a packed step.
+//! - `kv_pool`: the K/V tensors of the attention layers (scatter writes, gathered reads).
+//! - `paged_attention`: the model's `StepCache` over the pool for a packed step.
 //! - `scheduler`: continuous batching with chunked prefill and preemption.
 //! - `vision_cache`: encoded images by content hash.
 //! - `constraint`: JSON-schema constrained decoding (llguidance).
-//! - `engine`: ties them together; `handle`: a thread-safe front door.
+//! - `error`: the typed error every public call returns.
+//! - `engine`: ties them together; `handle`: a thread-safe front door with event streams.
 
 pub mod block_manager;
 pub mod constraint;
 #[allow(clippy::module_inception)]
 pub mod engine;
+pub mod error;
 pub mod handle;
 pub mod kv_pool;
 pub mod paged_attention;
+pub mod request;
 pub mod scheduler;
 pub mod sequence;
 pub mod vision_cache;
 
-pub use engine::{ChatRequest, Completion, Engine, EngineConfig, EngineStats};
-pub use handle::{EngineHandle, EngineThread};
+pub use engine::{Completion, Engine, EngineConfig, EngineStats, StepOutput};
+pub use error::{EngineError, EngineResult};
+pub use handle::{EngineHandle, EngineThread, Event, RequestId, RequestStream};
 pub use kv_pool::KvMemory;
+pub use request::{ChatRequest, PreparedRequest, RequestPreparer};

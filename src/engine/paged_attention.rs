@@ -1,13 +1,14 @@
-//! `AttentionBackend` over the shared pool for one packed step of many sequences. The step's
-//! tokens are concatenated (`[T_total, ...]`); each sequence owns a contiguous run of them.
-//! Per layer: every sequence's new K/V is written to its slots first (one scatter for the
-//! whole step), then each sequence attends over the gather of all its slots.
+//! `StepCache` over the shared pool for one packed step of many sequences. The step's tokens
+//! are concatenated (`[T_total, ...]`); each sequence owns a contiguous run of them.
+//! Attention layers: every sequence's new K/V is written to its slots first (one scatter for
+//! the whole step), then each sequence attends over the gather of all its slots. Recurrent
+//! layers: each sequence's own fixed-size state, taken from the sequence for the step.
 
 use candle_core::{Result, Tensor};
 
 use super::kv_pool::KvPool;
-use crate::models::kv::causal_gqa;
-use crate::models::AttentionBackend;
+use crate::layers::causal_gqa;
+use crate::models::{RecurrentState, StepCache};
 
 pub struct SeqRun {
     /// First row of this sequence's tokens in the packed step.
@@ -15,11 +16,13 @@ pub struct SeqRun {
     pub len: usize,
     /// Slots of every token of the sequence up to the end of this run (`[past + len]`, u32).
     pub context_slots: Tensor,
+    /// The sequence's per-layer recurrent state (empty for models without recurrent layers).
+    pub recurrent: Vec<RecurrentState>,
 }
 
 pub struct PagedStep<'a> {
     pool: &'a KvPool,
-    runs: Vec<SeqRun>,
+    pub runs: Vec<SeqRun>,
     /// Slot of every packed token, broadcast for `KvPool::write`.
     write_index: Tensor,
 }
@@ -30,7 +33,11 @@ impl<'a> PagedStep<'a> {
     }
 }
 
-impl AttentionBackend for PagedStep<'_> {
+impl StepCache for PagedStep<'_> {
+    fn runs(&self, _total: usize) -> Vec<(usize, usize)> {
+        self.runs.iter().map(|r| (r.start, r.len)).collect()
+    }
+
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
         self.pool.write(layer, &self.write_index, k, v).map_err(candle_core::Error::wrap)?;
         let mut outs = Vec::with_capacity(self.runs.len());
@@ -39,5 +46,10 @@ impl AttentionBackend for PagedStep<'_> {
             outs.push(causal_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, scale)?);
         }
         Tensor::cat(&outs, 0)
+    }
+
+    fn recurrent(&mut self, layer: usize, run: usize) -> Result<&mut RecurrentState> {
+        let r = self.runs.get_mut(run).ok_or_else(|| candle_core::Error::Msg(format!("no run {run} in this step")))?;
+        r.recurrent.get_mut(layer).ok_or_else(|| candle_core::Error::Msg(format!("layer {layer} has no recurrent state")))
     }
 }

@@ -122,6 +122,8 @@ impl Scheduler {
         let _ = bm.free(&seq.table);
         seq.table.clear();
         seq.num_computed = 0;
+        // Recomputation starts from the first token, so recurrent layers start from zero.
+        seq.recurrent.iter_mut().for_each(|r| *r = Default::default());
         seq.status = Status::Waiting;
         seq.preemptions += 1;
         self.running.retain(|&s| s != id);

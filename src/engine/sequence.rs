@@ -1,12 +1,12 @@
-//! One request in flight: its tokens, how many have K/V in the pool, its block table, and its
-//! sampling state. Prompt embeddings (text + vision features) are kept so a preempted
-//! sequence can be recomputed without running the vision tower again.
+//! One request in flight: its tokens, how many have K/V in the pool, its block table, its
+//! recurrent-layer state, and its sampling state. Prompt embeddings (text + vision features)
+//! are kept so a preempted sequence can be recomputed without running the vision tower again.
 
 use candle_core::Tensor;
 
 use super::block_manager::BlockId;
 use crate::generate::{FinishReason, Sampler, SamplingParams, TokenConstraint};
-use crate::models::position::decode_positions;
+use crate::models::{Positions, RecurrentState};
 
 pub type SeqId = u64;
 
@@ -27,11 +27,13 @@ pub struct Sequence {
     pub extra: Vec<u64>,
     /// `[prompt_len, hidden]` embeddings with vision features spliced in.
     pub prompt_embeds: Tensor,
-    pub prompt_positions: [Vec<i64>; 3],
+    pub prompt_positions: Positions,
     pub rope_delta: i64,
-    /// Tokens whose K/V are in the pool.
+    /// Tokens whose K/V are in the pool (and whose effect is in the recurrent state).
     pub num_computed: usize,
     pub table: Vec<BlockId>,
+    /// One per model layer; only recurrent layers use theirs. Reset on preemption.
+    pub recurrent: Vec<RecurrentState>,
     pub status: Status,
     pub params: SamplingParams,
     pub sampler: Sampler,
@@ -63,9 +65,9 @@ impl Sequence {
         e
     }
 
-    /// Positions of tokens `start..end`.
-    pub fn positions(&self, start: usize, end: usize) -> [Vec<i64>; 3] {
-        let mut out: [Vec<i64>; 3] = [vec![], vec![], vec![]];
+    /// Positions of tokens `start..end`; `decode` gives those of generated tokens.
+    pub fn positions(&self, start: usize, end: usize, decode: impl Fn(usize, usize, i64) -> Positions) -> Positions {
+        let mut out: Positions = [vec![], vec![], vec![]];
         let p_end = end.min(self.prompt_len);
         if start < p_end {
             for c in 0..3 {
@@ -74,7 +76,7 @@ impl Sequence {
         }
         let g_start = start.max(self.prompt_len);
         if g_start < end {
-            let d = decode_positions(g_start, end - g_start, self.rope_delta);
+            let d = decode(g_start, end - g_start, self.rope_delta);
             for c in 0..3 {
                 out[c].extend_from_slice(&d[c]);
             }

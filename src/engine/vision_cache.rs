@@ -8,7 +8,7 @@ use std::hash::{Hash, Hasher};
 use candle_core::Tensor;
 
 use crate::models::MediaGrid;
-use crate::runtime::Media;
+use crate::vision::Media;
 
 /// Deterministic 64-bit content hash of a media item (never 0, which means "text"). Hashing
 /// the 8-bit source pixels costs a sixteenth of hashing the f32 patches they become.
@@ -60,6 +60,12 @@ impl VisionCache {
                 None
             }
         }
+    }
+
+    /// The grid of a cached item, without counting a hit or refreshing its age (a caller
+    /// deciding whether to preprocess asks this; the engine's `get` does the counting).
+    pub fn grid_of(&self, key: u64) -> Option<MediaGrid> {
+        self.map.get(&key).map(|(_, g, _)| g.clone())
     }
 
     pub fn insert(&mut self, key: u64, features: Tensor, grid: MediaGrid) {

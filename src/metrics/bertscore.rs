@@ -26,7 +26,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{Device, Tensor};
 
-use crate::models::encoder::{normalize_rows, Checkpoint, Encoder, Family};
+use crate::metrics::encoder::{normalize_rows, EncoderCheckpoint, Encoder, EncoderKind};
 
 /// bert-score's default for English.
 pub const DEFAULT_MODEL: &str = "roberta-large";
@@ -217,7 +217,7 @@ impl BertScorer {
             Some(n) => n,
             None => bail!("BERTScore: no default layer known for model {model}; pass num_layers"),
         };
-        let ck = Checkpoint::load(model, device)?;
+        let ck = EncoderCheckpoint::load(model, device)?;
         let cfg = &ck.config;
         if num_layers > cfg.num_layers {
             bail!("BERTScore: num_layers {num_layers} but model {model} has {} layers", cfg.num_layers);
@@ -227,7 +227,7 @@ impl BertScorer {
         // bert-score truncates to the tokenizer's model_max_length; never past the positions.
         let max_len = ck.model_max_length().unwrap_or(usize::MAX).min(cfg.max_input_len());
         let tokenizer = ck.tokenizer(max_len)?;
-        let roberta = cfg.family == Family::Roberta;
+        let roberta = cfg.kind == EncoderKind::Roberta;
         let id_of = |key: &str, fallback: &str| -> Result<u32> {
             let tok = ck.special_token(key).unwrap_or_else(|| fallback.to_string());
             tokenizer

@@ -6,6 +6,8 @@
 pub mod bertscore;
 pub mod classification;
 pub mod distinct;
+/// The BERT-family encoder the metrics run (not a generation model: no engine, no cache).
+pub mod encoder;
 pub mod polarity;
 pub mod ppl;
 pub mod sentiment;

@@ -14,7 +14,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{Device, Tensor};
 
-use crate::models::encoder::{Checkpoint, ClassifierHead, Encoder};
+use crate::metrics::encoder::{EncoderCheckpoint, ClassifierHead, Encoder};
 
 pub const DEFAULT_EMOTION_MODEL: &str = "bhadresh-savani/distilbert-base-uncased-emotion";
 /// Texts longer than this many tokens (special tokens included) are truncated.
@@ -33,7 +33,7 @@ impl EmotionClassifier {
     /// Loads a DistilBERT sequence classifier (local directory or hub id, with tokenizer.json
     /// and model.safetensors); the labels come from its config's id2label.
     pub fn load(model: &str, device: &Device) -> Result<Self> {
-        let ck = Checkpoint::load(model, device)?;
+        let ck = EncoderCheckpoint::load(model, device)?;
         let cfg = &ck.config;
         let encoder = Encoder::load(cfg, None, ck.base_vb()?).with_context(|| format!("loading encoder of {model}"))?;
         let head = ClassifierHead::load(cfg, ck.vb.clone()).with_context(|| format!("emotion classifier {model}"))?;

@@ -1,14 +1,162 @@
-//! Qwen2-VL / Qwen2.5-VL on candle. Shared layers live in `layers`; families differ only in
-//! which blocks `vision` picks and how `position` scales video time.
+//! Model families behind one trait. The engine, its sequences and the vision cache see only
+//! `Model` and its `ModelSpec`; each family lives in its own folder (`qwen2_vl/` serves
+//! Qwen2-VL and Qwen2.5-VL) and is found by `registry::load` from the checkpoint's
+//! `model_type`. Shared blocks are in `crate::layers`, weight sources in `crate::weights`.
 
-pub mod encoder;
-pub mod kv;
-pub mod layers;
-pub mod position;
-pub mod qwen_vl;
-pub mod text;
-pub mod vision;
+pub mod cache;
+pub mod qwen2_vl;
+pub mod registry;
 
-pub use kv::{AttentionBackend, DenseKvCache};
-pub use position::MediaGrid;
-pub use qwen_vl::{QwenVl, VisionInput};
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use serde::Serialize;
+
+pub use cache::{DenseCache, RecurrentState, StepCache};
+pub use registry::{load, supported_model_types};
+
+/// 3-D (t, h, w) position ids, one vector per component; text-only models repeat one vector.
+pub type Positions = [Vec<i64>; 3];
+
+/// What a decoder layer mixes tokens with, which decides the cache it needs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum LayerKind {
+    /// Softmax attention: K/V of every past token, in the paged pool.
+    Attention,
+    /// Linear attention / SSM (Gated DeltaNet): a fixed-size state per sequence — a causal
+    /// convolution window and a recurrent matrix — whatever the sequence length.
+    Recurrent { conv_shape: Vec<usize>, state_shape: Vec<usize> },
+}
+
+/// Token ids the engine must know.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpecialIds {
+    pub image: u32,
+    pub video: u32,
+    pub vision_start: u32,
+    pub vision_end: u32,
+    /// End-of-sequence ids from the config (the tokenizer adds its own stop tokens).
+    pub eos: Vec<u32>,
+}
+
+/// How media become placeholder tokens.
+#[derive(Clone, Debug, Serialize)]
+pub struct VisionSpec {
+    pub patch_size: usize,
+    /// Patches merged per side into one token.
+    pub spatial_merge_size: usize,
+    pub temporal_patch_size: usize,
+}
+
+impl VisionSpec {
+    /// Placeholder tokens one media item of this grid takes.
+    pub fn tokens(&self, grid: &MediaGrid) -> usize {
+        let m = self.spatial_merge_size.max(1);
+        grid.thw.iter().product::<usize>() / (m * m)
+    }
+}
+
+/// Everything the engine needs to know about a model, without its weights.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelSpec {
+    pub model_type: String,
+    /// Kind of every decoder layer, in order.
+    pub layers: Vec<LayerKind>,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    /// Longest sequence the positions support.
+    pub max_context: usize,
+    pub special: SpecialIds,
+    /// Absent for text-only models.
+    pub vision: Option<VisionSpec>,
+}
+
+impl ModelSpec {
+    pub fn num_attention_layers(&self) -> usize {
+        self.layers.iter().filter(|k| **k == LayerKind::Attention).count()
+    }
+
+    /// Layers with recurrent state (the prefix cache cannot restore them from K/V blocks).
+    pub fn has_recurrent_layers(&self) -> bool {
+        self.layers.iter().any(|k| matches!(k, LayerKind::Recurrent { .. }))
+    }
+}
+
+/// One image or video as the decoder sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MediaGrid {
+    /// Patch grid (t, h, w) before spatial merging.
+    pub thw: [usize; 3],
+    pub is_video: bool,
+    /// Seconds covered by one temporal grid step (video only).
+    pub second_per_grid: f64,
+}
+
+/// A prompt ready for the decoder: embeddings with media features spliced in, positions, and
+/// the offset that continues positions after the prompt.
+pub struct PromptInputs {
+    pub embeds: Tensor,
+    pub positions: Positions,
+    pub rope_delta: i64,
+}
+
+/// A loaded model, as the engine drives it.
+pub trait Model: Send + Sync {
+    fn spec(&self) -> &ModelSpec;
+    fn device(&self) -> &Device;
+    fn dtype(&self) -> DType;
+
+    /// Features `[tokens, hidden]` of one preprocessed media item (`patches` as the
+    /// preprocessor cut them); `tokens` equals `spec().vision.tokens(grid)`.
+    fn encode_media(&self, patches: &Tensor, grid: &MediaGrid) -> Result<Tensor>;
+
+    /// Prompt ids (placeholders expanded) plus each media item's grid and features, in prompt
+    /// order → decoder inputs.
+    fn prepare_prompt(&self, ids: &[u32], media: &[MediaGrid], features: &[Tensor]) -> Result<PromptInputs>;
+
+    /// Plain token embeddings `[T, hidden]` (generated tokens).
+    fn embed_tokens(&self, ids: &[u32]) -> Result<Tensor>;
+
+    /// Positions of `n` generated tokens after `past` tokens.
+    fn decode_positions(&self, past: usize, n: usize, rope_delta: i64) -> Positions {
+        let v: Vec<i64> = (0..n).map(|i| (past + i) as i64 + rope_delta).collect();
+        [v.clone(), v.clone(), v]
+    }
+
+    /// One packed step over `embeds: [T, hidden]` through the step's caches; returns the final
+    /// normed hidden states `[T, hidden]`.
+    fn forward(&self, embeds: &Tensor, positions: &Positions, cache: &mut dyn StepCache) -> Result<Tensor>;
+
+    /// Vocabulary logits in f32, `[T, vocab]`.
+    fn logits(&self, hidden: &Tensor) -> Result<Tensor>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_counts_attention_layers_only() {
+        let spec = ModelSpec {
+            model_type: "hybrid".into(),
+            layers: vec![
+                LayerKind::Recurrent { conv_shape: vec![4, 8], state_shape: vec![2, 4, 4] },
+                LayerKind::Attention,
+                LayerKind::Recurrent { conv_shape: vec![4, 8], state_shape: vec![2, 4, 4] },
+                LayerKind::Attention,
+            ],
+            num_kv_heads: 2,
+            head_dim: 8,
+            hidden_size: 16,
+            vocab_size: 32,
+            max_context: 64,
+            special: SpecialIds { image: 1, video: 2, vision_start: 3, vision_end: 4, eos: vec![] },
+            vision: None,
+        };
+        assert_eq!(spec.num_attention_layers(), 2);
+        assert!(spec.has_recurrent_layers());
+        let v = VisionSpec { patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2 };
+        assert_eq!(v.tokens(&MediaGrid { thw: [1, 32, 32], is_video: false, second_per_grid: 0.0 }), 256);
+    }
+}

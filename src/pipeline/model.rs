@@ -12,7 +12,7 @@ use crate::chat::{ContentPart, Message};
 use crate::engine::block_manager::CacheStats;
 use crate::engine::{ChatRequest, EngineHandle};
 use crate::generate::{FinishReason, SamplingParams};
-use crate::runtime::Media;
+use crate::vision::Media;
 
 /// One agent call.
 pub struct AgentCall {
@@ -50,31 +50,18 @@ pub trait AgentModel: Send + Sync {
 
 /// (frames, height, width) of each media item.
 pub fn media_dims(media: &[Media]) -> Vec<(usize, usize, usize)> {
-    media
-        .iter()
-        .map(|m| match m {
-            Media::Image(i) => (1, i.height() as usize, i.width() as usize),
-            Media::Video { frames, .. } => {
-                let (h, w) = frames.first().map(|f| (f.height() as usize, f.width() as usize)).unwrap_or((0, 0));
-                (frames.len(), h, w)
-            }
-        })
-        .collect()
+    media.iter().map(Media::dims).collect()
 }
 
-/// The real model: the paged engine behind its thread-safe handle.
+/// The real model: the paged engine behind its thread-safe handle. Token counting and
+/// decoding run on the caller's thread with the handle's preparer, never between steps.
 pub struct EngineModel {
     pub handle: EngineHandle,
-    context: usize,
-    /// A copy of the engine's tokenizer: offsets are computed on the caller's thread, not
-    /// between engine steps.
-    decoder: tokenizers::Tokenizer,
 }
 
 impl EngineModel {
     pub fn new(handle: EngineHandle) -> Result<Self> {
-        let (context, decoder) = handle.inspect(|e| (e.max_context(), e.runtime.tokenizer.inner().clone()))?;
-        Ok(EngineModel { handle, context, decoder })
+        Ok(EngineModel { handle })
     }
 }
 
@@ -95,17 +82,17 @@ impl AgentModel for EngineModel {
     }
 
     fn count_tokens(&self, messages: &[Message], media_dims: &[(usize, usize, usize)]) -> Result<usize> {
-        let (m, d) = (messages.to_vec(), media_dims.to_vec());
-        self.handle.inspect(move |e| e.runtime.count_prompt_tokens(&m, &d))?
+        self.handle.preparer().processor.count_prompt_tokens(messages, media_dims)
     }
 
     fn context_window(&self) -> usize {
-        self.context
+        self.handle.preparer().max_context()
     }
 
     fn decoded_offsets(&self, tokens: &[u32]) -> Result<Vec<usize>> {
         // Same decoding as the engine's completion text (special tokens skipped).
-        token_offsets(tokens, |t| self.decoder.decode(t, true).map_err(|e| anyhow::anyhow!("decoding {} tokens: {e}", t.len())))
+        let tok = &self.handle.preparer().processor.tokenizer;
+        token_offsets(tokens, |t| tok.decode(t, true))
     }
 
     fn cache_stats(&self) -> Option<CacheStats> {

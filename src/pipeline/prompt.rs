@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::chat::{ContentPart, Message};
 use crate::dialogue::Dialogue;
-use crate::runtime::Media;
+use crate::vision::Media;
 
 use super::frames::Keyframe;
 

@@ -5,6 +5,47 @@ use std::path::Path;
 use anyhow::{bail, ensure, Context, Result};
 use image::RgbImage;
 
+/// Media for one request, in the order their placeholders appear in the messages.
+#[derive(Clone, Debug)]
+pub enum Media {
+    Image(RgbImage),
+    /// Frames sampled at `fps` frames per second.
+    Video { frames: Vec<RgbImage>, fps: f64 },
+}
+
+impl Media {
+    /// (frames, height, width): what the placeholder token count depends on.
+    pub fn dims(&self) -> (usize, usize, usize) {
+        match self {
+            Media::Image(i) => (1, i.height() as usize, i.width() as usize),
+            Media::Video { frames, .. } => {
+                let (h, w) = frames.first().map(|f| (f.height() as usize, f.width() as usize)).unwrap_or((0, 0));
+                (frames.len(), h, w)
+            }
+        }
+    }
+}
+
+/// Loads media files: images, then optionally a video sampled at `fps`.
+pub fn load_media(images: &[std::path::PathBuf], video: Option<&std::path::PathBuf>, fps: f64, max_frames: usize) -> Result<Vec<Media>> {
+    let mut out: Vec<Media> = images.iter().map(|p| load_image(p).map(Media::Image)).collect::<Result<_>>()?;
+    if let Some(v) = video {
+        out.push(load_video(v, fps, max_frames)?);
+    }
+    Ok(out)
+}
+
+#[cfg(feature = "video")]
+fn load_video(path: &Path, fps: f64, max_frames: usize) -> Result<Media> {
+    let v = load_video_frames(path, fps as f32, max_frames)?;
+    Ok(Media::Video { frames: v.frames, fps: v.fps as f64 })
+}
+
+#[cfg(not(feature = "video"))]
+fn load_video(path: &Path, _fps: f64, _max_frames: usize) -> Result<Media> {
+    bail!("{}: this merg was built without the `video` feature; pass keyframes as images", path.display())
+}
+
 /// Decode an image file (png/jpeg/webp/bmp) into 8-bit RGB, like HF's `convert_to_rgb`.
 pub fn load_image(path: &Path) -> Result<RgbImage> {
     ensure!(path.exists(), "image file {} does not exist", path.display());

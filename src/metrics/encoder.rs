@@ -13,17 +13,16 @@ use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{LayerNorm, Linear, Module, VarBuilder};
 use serde::Deserialize;
 
-use super::layers;
-use crate::config::Act;
+use crate::layers::{self, Act};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
+pub enum EncoderKind {
     Bert,
     Roberta,
     DistilBert,
 }
 
-impl Family {
+impl EncoderKind {
     fn parse(model_type: &str) -> Option<Self> {
         match model_type {
             "bert" => Some(Self::Bert),
@@ -62,7 +61,7 @@ struct RawConfig {
 
 #[derive(Debug, Clone)]
 pub struct EncoderConfig {
-    pub family: Family,
+    pub kind: EncoderKind,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub num_layers: usize,
@@ -86,12 +85,12 @@ impl EncoderConfig {
     pub fn from_json(text: &str) -> Result<Self> {
         let raw: RawConfig = serde_json::from_str(text).context("not a BERT/RoBERTa/DistilBERT config.json")?;
         let model_type = raw.model_type.as_deref().unwrap_or("");
-        let family = Family::parse(model_type).ok_or_else(|| {
+        let family = EncoderKind::parse(model_type).ok_or_else(|| {
             anyhow!("model_type {model_type:?} is not a supported encoder (bert, roberta, distilbert)")
         })?;
         let need = |v: Option<usize>, name: &str| v.ok_or_else(|| anyhow!("config has no {name}"));
         let (hidden, layers, heads, inter, act) = match family {
-            Family::DistilBert => (
+            EncoderKind::DistilBert => (
                 need(raw.dim, "dim")?,
                 need(raw.n_layers, "n_layers")?,
                 need(raw.n_heads, "n_heads")?,
@@ -123,7 +122,7 @@ impl EncoderConfig {
             labels.push(l.clone());
         }
         Ok(Self {
-            family,
+            kind: family,
             vocab_size: raw.vocab_size,
             hidden_size: hidden,
             num_layers: layers,
@@ -131,18 +130,18 @@ impl EncoderConfig {
             intermediate_size: inter,
             activation,
             max_position_embeddings: raw.max_position_embeddings,
-            type_vocab_size: if family == Family::DistilBert { 0 } else { raw.type_vocab_size },
+            type_vocab_size: if family == EncoderKind::DistilBert { 0 } else { raw.type_vocab_size },
             // DistilBERT hard-codes 1e-12 in transformers; BERT's default is the same.
             layer_norm_eps: raw.layer_norm_eps.unwrap_or(1e-12),
-            pad_token_id: raw.pad_token_id.unwrap_or(if family == Family::Roberta { 1 } else { 0 }),
+            pad_token_id: raw.pad_token_id.unwrap_or(if family == EncoderKind::Roberta { 1 } else { 0 }),
             labels,
         })
     }
 
     /// Longest input the position table allows (RoBERTa's positions start at pad_id + 1).
     pub fn max_input_len(&self) -> usize {
-        match self.family {
-            Family::Roberta => self.max_position_embeddings.saturating_sub(self.pad_token_id as usize + 1),
+        match self.kind {
+            EncoderKind::Roberta => self.max_position_embeddings.saturating_sub(self.pad_token_id as usize + 1),
             _ => self.max_position_embeddings,
         }
     }
@@ -172,8 +171,8 @@ struct Block {
 impl Block {
     fn load(cfg: &EncoderConfig, vb: VarBuilder) -> Result<Self> {
         let (h, i, eps) = (cfg.hidden_size, cfg.intermediate_size, cfg.layer_norm_eps);
-        Ok(match cfg.family {
-            Family::DistilBert => {
+        Ok(match cfg.kind {
+            EncoderKind::DistilBert => {
                 let a = vb.pp("attention");
                 Self {
                     q: linear(h, h, a.pp("q_lin"))?,
@@ -234,17 +233,17 @@ pub struct Encoder {
 
 /// Finds the prefix under which the base model's tensors live ("", "roberta.", "bert.", ...).
 pub fn base_prefix(vb: &VarBuilder, cfg: &EncoderConfig) -> Result<String> {
-    let family = match cfg.family {
-        Family::Bert => "bert.",
-        Family::Roberta => "roberta.",
-        Family::DistilBert => "distilbert.",
+    let family = match cfg.kind {
+        EncoderKind::Bert => "bert.",
+        EncoderKind::Roberta => "roberta.",
+        EncoderKind::DistilBert => "distilbert.",
     };
     for p in ["", family] {
         if vb.contains_tensor(&format!("{p}embeddings.word_embeddings.weight")) {
             return Ok(p.to_string());
         }
     }
-    bail!("no embeddings.word_embeddings.weight (bare or under {family}) in the weights: not a {:?} checkpoint", cfg.family)
+    bail!("no embeddings.word_embeddings.weight (bare or under {family}) in the weights: not a {:?} checkpoint", cfg.kind)
 }
 
 impl Encoder {
@@ -266,8 +265,8 @@ impl Encoder {
             None
         };
         let emb_norm = layer_norm(h, cfg.layer_norm_eps, e.pp("LayerNorm"))?;
-        let stack = match cfg.family {
-            Family::DistilBert => vb.pp("transformer.layer"),
+        let stack = match cfg.kind {
+            EncoderKind::DistilBert => vb.pp("transformer.layer"),
             _ => vb.pp("encoder.layer"),
         };
         let layers = (0..n)
@@ -316,10 +315,10 @@ impl Encoder {
                 let id = if real { s[j] } else { pad };
                 ids.push(id);
                 mask.push(if real { 0f32 } else { f32::MIN });
-                pos.push(match self.cfg.family {
+                pos.push(match self.cfg.kind {
                     // transformers' create_position_ids_from_input_ids: pad tokens get pad_id,
                     // others pad_id + (count of non-pad tokens so far).
-                    Family::Roberta => {
+                    EncoderKind::Roberta => {
                         if id != pad {
                             run += 1;
                             pad + run
@@ -360,8 +359,8 @@ impl ClassifierHead {
         if n == 0 {
             bail!("config.json has no id2label: not a sequence-classification model");
         }
-        match cfg.family {
-            Family::DistilBert => Ok(Self::DistilBert {
+        match cfg.kind {
+            EncoderKind::DistilBert => Ok(Self::DistilBert {
                 pre: linear(h, h, vb.pp("pre_classifier")).context("DistilBERT pre_classifier")?,
                 out: linear(h, n, vb.pp("classifier")).context("DistilBERT classifier")?,
             }),
@@ -390,17 +389,17 @@ pub fn normalize_rows(xs: &Tensor) -> Result<Tensor> {
 /// vocab.txt / vocab.json + merges.txt or pytorch_model.bin, convert once in Python
 /// (`AutoTokenizer.from_pretrained(id).save_pretrained(dir)`, `model.save_pretrained(dir)`) and
 /// pass the directory.
-pub struct Checkpoint {
+pub struct EncoderCheckpoint {
     pub files: crate::hub::ModelFiles,
     pub config: EncoderConfig,
     pub vb: VarBuilder<'static>,
 }
 
-impl Checkpoint {
+impl EncoderCheckpoint {
     pub fn load(model: &str, device: &Device) -> Result<Self> {
         let files = crate::hub::resolve(model, None).with_context(|| format!("locating model {model}"))?;
         let config = EncoderConfig::from_file(&files.config).with_context(|| format!("model {model}"))?;
-        let vb = crate::weights::mmap_var_builder(&files.weights, DType::F32, device)
+        let vb = crate::weights::Weights::safetensors(&files.weights, DType::F32, device).map(|w| w.vb().clone())
             .with_context(|| format!("loading weights of {model}"))?;
         Ok(Self { files, config, vb })
     }

@@ -5,20 +5,11 @@
 
 use anyhow::{bail, Result};
 
-use crate::config::{Family, ModelConfig};
-
-/// One image or video as the decoder sees it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct MediaGrid {
-    /// Patch grid (t, h, w) before spatial merging.
-    pub thw: [usize; 3],
-    pub is_video: bool,
-    /// Qwen2.5-VL: seconds covered by one temporal grid step (video only).
-    pub second_per_grid: f64,
-}
+use super::config::{Config, Variant};
+use crate::models::{MediaGrid, Positions};
 
 /// Position ids `[3][L]` and the rope delta (`max position + 1 - L`) that continues decoding.
-pub fn rope_index(ids: &[u32], media: &[MediaGrid], cfg: &ModelConfig) -> Result<([Vec<i64>; 3], i64)> {
+pub fn rope_index(ids: &[u32], media: &[MediaGrid], cfg: &Config) -> Result<(Positions, i64)> {
     let merge = cfg.vision.spatial_merge_size;
     let mut pos: [Vec<i64>; 3] = [Vec::with_capacity(ids.len()), Vec::with_capacity(ids.len()), Vec::with_capacity(ids.len())];
     let mut images = media.iter().filter(|m| !m.is_video);
@@ -47,17 +38,17 @@ pub fn rope_index(ids: &[u32], media: &[MediaGrid], cfg: &ModelConfig) -> Result
         }
         // Qwen2.5-VL scales the temporal index by real time. transformers casts the seconds per
         // grid to an integer tensor before multiplying (so 0.5 s → 0); we match it exactly.
-        let t_scale: i64 = match (cfg.family, is_video) {
-            (Family::Qwen25Vl, true) => m.second_per_grid.trunc() as i64,
-            (Family::Qwen25Vl, false) => 0,
-            (Family::Qwen2Vl, _) => 1,
+        let t_scale: i64 = match (cfg.variant, is_video) {
+            (Variant::Qwen25Vl, true) => m.second_per_grid.trunc() as i64,
+            (Variant::Qwen25Vl, false) => 0,
+            (Variant::Qwen2Vl, _) => 1,
         };
         let tps = cfg.vision.tokens_per_second;
         let mut max = next - 1;
         for t in 0..gt {
-            let tv = match cfg.family {
-                Family::Qwen2Vl => t as i64,
-                Family::Qwen25Vl => ((t as i64 * t_scale) as f64 * tps) as i64,
+            let tv = match cfg.variant {
+                Variant::Qwen2Vl => t as i64,
+                Variant::Qwen25Vl => ((t as i64 * t_scale) as f64 * tps) as i64,
             };
             for h in 0..gh {
                 for w in 0..gw {
@@ -77,10 +68,4 @@ pub fn rope_index(ids: &[u32], media: &[MediaGrid], cfg: &ModelConfig) -> Result
     }
     let delta = next - ids.len() as i64;
     Ok((pos, delta))
-}
-
-/// Positions of `n` decode tokens continuing after `past` tokens (all components equal).
-pub fn decode_positions(past: usize, n: usize, delta: i64) -> [Vec<i64>; 3] {
-    let v: Vec<i64> = (0..n).map(|i| (past + i) as i64 + delta).collect();
-    [v.clone(), v.clone(), v]
 }

@@ -9,39 +9,25 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The two vision-language families merg runs. They share the text decoder; the vision
-/// towers differ (see `models::vision`).
+use crate::layers::Act;
+
+/// The two variants this family folder serves. They share the text decoder; the vision
+/// towers differ (see `vision`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Family {
+pub enum Variant {
     #[serde(rename = "qwen2_vl")]
     Qwen2Vl,
     #[serde(rename = "qwen2_5_vl")]
     Qwen25Vl,
 }
 
-impl Family {
+impl Variant {
     pub fn model_type(self) -> &'static str {
         match self {
-            Family::Qwen2Vl => "qwen2_vl",
-            Family::Qwen25Vl => "qwen2_5_vl",
+            Variant::Qwen2Vl => "qwen2_vl",
+            Variant::Qwen25Vl => "qwen2_5_vl",
         }
     }
-}
-
-/// Activations named in HF configs that these families use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Act {
-    #[serde(rename = "silu", alias = "swish")]
-    Silu,
-    #[serde(rename = "quick_gelu")]
-    QuickGelu,
-    #[serde(rename = "gelu")]
-    Gelu,
-    #[serde(rename = "gelu_pytorch_tanh", alias = "gelu_new", alias = "gelu_fast")]
-    GeluTanh,
-    /// Some BERT-family encoders (the metrics' models).
-    #[serde(rename = "relu")]
-    Relu,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -64,11 +50,15 @@ pub struct TextConfig {
     pub hidden_act: Act,
     /// Split of the rotary half-dimension into (temporal, height, width) sections.
     pub mrope_section: Vec<usize>,
+    /// Per-head width when the config states it (it need not be hidden / heads).
+    #[serde(default)]
+    pub head_dim: Option<usize>,
 }
 
 impl TextConfig {
+    /// The config's `head_dim`, else hidden_size / num_attention_heads (as transformers).
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_attention_heads
+        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 }
 
@@ -106,8 +96,8 @@ impl VisionConfig {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ModelConfig {
-    pub family: Family,
+pub struct Config {
+    pub variant: Variant,
     pub text: TextConfig,
     pub vision: VisionConfig,
     pub image_token_id: u32,
@@ -132,7 +122,7 @@ fn default_silu() -> Act {
     Act::Silu
 }
 
-impl ModelConfig {
+impl Config {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read model config {}", path.display()))?;
@@ -149,12 +139,10 @@ impl ModelConfig {
             .get("model_type")
             .and_then(Value::as_str)
             .context("missing \"model_type\"")?;
-        let family = match model_type {
-            "qwen2_vl" => Family::Qwen2Vl,
-            "qwen2_5_vl" => Family::Qwen25Vl,
-            other => bail!(
-                "unknown model_type {other:?}: merg runs \"qwen2_vl\" (Qwen2-VL) and \"qwen2_5_vl\" (Qwen2.5-VL)"
-            ),
+        let variant = match model_type {
+            "qwen2_vl" => Variant::Qwen2Vl,
+            "qwen2_5_vl" => Variant::Qwen25Vl,
+            other => bail!("model_type {other:?} is not a Qwen2-VL family config (qwen2_vl, qwen2_5_vl)"),
         };
         // Text fields: top level, overridden by a nested text_config when present.
         let mut text_obj = root.as_object().context("config is not a JSON object")?.clone();
@@ -177,7 +165,7 @@ impl ModelConfig {
         let text: TextConfig =
             serde_json::from_value(Value::Object(text_obj.clone())).context("text model fields")?;
         let vision_val = root.get("vision_config").context("missing \"vision_config\"")?;
-        let vision = parse_vision(family, vision_val, text.hidden_size).context("vision_config")?;
+        let vision = parse_vision(variant, vision_val, text.hidden_size).context("vision_config")?;
 
         let id = |key: &str| -> Result<u32> {
             text_obj
@@ -191,8 +179,8 @@ impl ModelConfig {
             Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect(),
             _ => vec![],
         };
-        let cfg = ModelConfig {
-            family,
+        let cfg = Config {
+            variant,
             image_token_id: id("image_token_id")?,
             video_token_id: id("video_token_id")?,
             vision_start_token_id: id("vision_start_token_id")?,
@@ -209,8 +197,11 @@ impl ModelConfig {
     /// Catch configs that would only fail deep inside a forward pass.
     pub fn validate(&self) -> Result<()> {
         let t = &self.text;
-        if t.num_attention_heads == 0 || t.hidden_size % t.num_attention_heads != 0 {
+        if t.num_attention_heads == 0 || (t.head_dim.is_none() && t.hidden_size % t.num_attention_heads != 0) {
             bail!("hidden_size {} is not divisible by num_attention_heads {}", t.hidden_size, t.num_attention_heads);
+        }
+        if t.head_dim() == 0 || t.head_dim() % 2 != 0 {
+            bail!("head_dim {} must be a positive even number", t.head_dim());
         }
         if t.num_key_value_heads == 0 || t.num_attention_heads % t.num_key_value_heads != 0 {
             bail!(
@@ -241,7 +232,7 @@ impl ModelConfig {
     }
 }
 
-fn parse_vision(family: Family, v: &Value, text_hidden: usize) -> Result<VisionConfig> {
+fn parse_vision(variant: Variant, v: &Value, text_hidden: usize) -> Result<VisionConfig> {
     let get_usize = |key: &str| v.get(key).and_then(Value::as_u64).map(|x| x as usize);
     let need = |key: &str| get_usize(key).with_context(|| format!("missing \"{key}\""));
     let act = |default: Act| -> Result<Act> {
@@ -254,8 +245,8 @@ fn parse_vision(family: Family, v: &Value, text_hidden: usize) -> Result<VisionC
     let merge = get_usize("spatial_merge_size").unwrap_or(2);
     let tps = get_usize("temporal_patch_size").unwrap_or(2);
     let in_ch = get_usize("in_channels").or_else(|| get_usize("in_chans")).unwrap_or(3);
-    Ok(match family {
-        Family::Qwen2Vl => {
+    Ok(match variant {
+        Variant::Qwen2Vl => {
             let width = need("embed_dim")?;
             let ratio = v.get("mlp_ratio").and_then(Value::as_f64).unwrap_or(4.0);
             VisionConfig {
@@ -274,7 +265,7 @@ fn parse_vision(family: Family, v: &Value, text_hidden: usize) -> Result<VisionC
                 tokens_per_second: 0.0,
             }
         }
-        Family::Qwen25Vl => VisionConfig {
+        Variant::Qwen25Vl => VisionConfig {
             depth: need("depth")?,
             width: need("hidden_size")?,
             num_heads: need("num_heads")?,
@@ -311,8 +302,8 @@ mod tests {
 
     #[test]
     fn parses_top_level_hub_layout() {
-        let c = ModelConfig::from_json_str(&qwen2_vl_json()).unwrap();
-        assert_eq!(c.family, Family::Qwen2Vl);
+        let c = Config::from_json_str(&qwen2_vl_json()).unwrap();
+        assert_eq!(c.variant, Variant::Qwen2Vl);
         assert_eq!(c.text.head_dim(), 16);
         assert_eq!(c.vision.mlp_width, 64);
         assert_eq!(c.vision.hidden_act, Act::QuickGelu);
@@ -323,21 +314,21 @@ mod tests {
     fn nested_text_config_wins() {
         let mut v: Value = serde_json::from_str(&qwen2_vl_json()).unwrap();
         v["text_config"] = serde_json::json!({"num_hidden_layers": 3});
-        let c = ModelConfig::from_value(&v).unwrap();
+        let c = Config::from_value(&v).unwrap();
         assert_eq!(c.text.num_hidden_layers, 3);
     }
 
     #[test]
     fn unknown_model_type_is_named() {
         let j = qwen2_vl_json().replace("qwen2_vl", "llava");
-        let e = format!("{:#}", ModelConfig::from_json_str(&j).unwrap_err());
+        let e = format!("{:#}", Config::from_json_str(&j).unwrap_err());
         assert!(e.contains("\"llava\""), "{e}");
     }
 
     #[test]
     fn bad_mrope_section_rejected() {
         let j = qwen2_vl_json().replace("[2,3,3]", "[2,3,4]");
-        let e = format!("{:#}", ModelConfig::from_json_str(&j).unwrap_err());
+        let e = format!("{:#}", Config::from_json_str(&j).unwrap_err());
         assert!(e.contains("mrope_section"), "{e}");
     }
 }

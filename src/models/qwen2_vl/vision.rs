@@ -1,14 +1,14 @@
-//! Vision towers of both families in one place: the family picks the norm (LayerNorm vs
+//! Vision towers of both variants in one place: the variant picks the norm (LayerNorm vs
 //! RMSNorm), the MLP (QuickGELU vs SwiGLU) and whether window attention is used (Qwen2.5-VL).
 //!
 //! Input: patches `[N, C*T*P*P]` in the processor's order (merge-block major) plus one
 //! `(t, h, w)` grid per image/video; output: merged tokens `[N / merge², out_hidden]`.
 
 use candle_core::{DType, Device, Module, Result, Tensor};
-use candle_nn::{Linear, VarBuilder};
 
-use super::layers::{apply_rope, dense_attention, linear, Mlp, Norm};
-use crate::config::{Family, VisionConfig};
+use super::config::{Variant, VisionConfig};
+use crate::layers::{apply_rope, dense_attention, linear, Linear, Mlp, Norm};
+use crate::weights::Weights;
 
 struct Block {
     norm1: Norm,
@@ -26,11 +26,12 @@ pub struct VisionTower {
     merger_fc2: Linear,
     inv_freq: Vec<f32>,
     cfg: VisionConfig,
-    family: Family,
+    variant: Variant,
+    dtype: DType,
 }
 
 impl VisionTower {
-    pub fn new(family: Family, cfg: &VisionConfig, vb: VarBuilder) -> Result<Self> {
+    pub fn new(variant: Variant, cfg: &VisionConfig, vb: Weights) -> Result<Self> {
         let w = cfg.width;
         // Conv3d with stride == kernel over pre-cut patches is a matmul with the flattened kernel.
         let conv = vb.pp("patch_embed").pp("proj").get(
@@ -38,16 +39,16 @@ impl VisionTower {
             "weight",
         )?;
         let patch_embed = Linear::new(conv.reshape((w, cfg.patch_dim()))?, None);
-        let norm = |vb: VarBuilder| match family {
-            Family::Qwen2Vl => Norm::layer(w, 1e-6, vb),
-            Family::Qwen25Vl => Norm::rms(w, 1e-6, vb),
+        let norm = |vb: Weights| match variant {
+            Variant::Qwen2Vl => Norm::layer(w, 1e-6, vb),
+            Variant::Qwen25Vl => Norm::rms(w, 1e-6, vb),
         };
         let mut blocks = Vec::with_capacity(cfg.depth);
         for i in 0..cfg.depth {
             let bvb = vb.pp("blocks").pp(i);
-            let mlp = match family {
-                Family::Qwen2Vl => Mlp::plain(w, cfg.mlp_width, cfg.hidden_act, bvb.pp("mlp"))?,
-                Family::Qwen25Vl => Mlp::gated(w, cfg.mlp_width, true, cfg.hidden_act, bvb.pp("mlp"))?,
+            let mlp = match variant {
+                Variant::Qwen2Vl => Mlp::plain(w, cfg.mlp_width, cfg.hidden_act, bvb.pp("mlp"))?,
+                Variant::Qwen25Vl => Mlp::gated(w, cfg.mlp_width, true, cfg.hidden_act, bvb.pp("mlp"))?,
             };
             blocks.push(Block {
                 norm1: norm(bvb.pp("norm1"))?,
@@ -72,12 +73,13 @@ impl VisionTower {
             merger_fc2: linear(merged, cfg.out_hidden_size, true, mvb.pp("mlp").pp("2"))?,
             inv_freq,
             cfg: cfg.clone(),
-            family,
+            variant,
+            dtype: vb.dtype(),
         })
     }
 
     pub fn dtype(&self) -> DType {
-        self.patch_embed.weight().dtype()
+        self.dtype
     }
 
     /// Encodes all images (or all videos) of a request at once.
@@ -93,7 +95,7 @@ impl VisionTower {
         let (mut cos, mut sin) = self.rotary(grids, &dev)?;
         let frames = frame_bounds(grids);
         let mut order: Option<Vec<u32>> = None;
-        let windows = if self.family == Family::Qwen25Vl {
+        let windows = if self.variant == Variant::Qwen25Vl {
             let (index, bounds) = window_index(grids, &self.cfg);
             // Reorder merge units so that every window is a contiguous run of tokens.
             x = permute_units(&x, &index, unit)?;
@@ -105,7 +107,7 @@ impl VisionTower {
             frames.clone()
         };
         for (i, blk) in self.blocks.iter().enumerate() {
-            let full = self.family == Family::Qwen2Vl || self.cfg.fullatt_block_indexes.contains(&i);
+            let full = self.variant == Variant::Qwen2Vl || self.cfg.fullatt_block_indexes.contains(&i);
             let segs = if full { &frames } else { &windows };
             x = self.block(blk, &x, &cos, &sin, segs)?;
         }
@@ -232,7 +234,7 @@ fn permute_units(x: &Tensor, index: &[u32], unit: usize) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Act;
+    use crate::layers::Act;
 
     fn cfg() -> VisionConfig {
         VisionConfig {

@@ -1,0 +1,70 @@
+//! A loaded checkpoint: the model (any registered family) and its processor (tokenizer, chat
+//! template, image preprocessor). `Engine::new` takes one.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+
+use crate::hub::ModelFiles;
+use crate::models::{self, Model};
+use crate::processor::Processor;
+use crate::tokenizer::ChatTokenizer;
+use crate::vision::PreprocessorConfig;
+use crate::weights::Weights;
+
+pub struct Checkpoint {
+    pub model: Arc<dyn Model>,
+    pub processor: Processor,
+    /// Where it came from (absent for dummy weights).
+    pub files: Option<ModelFiles>,
+}
+
+/// A device by name: "cpu", "cuda" or "cuda:N".
+pub fn parse_device(name: &str) -> Result<Device> {
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        s if s == "cuda" || s.starts_with("cuda:") => {
+            let ord = s.strip_prefix("cuda:").map(str::parse::<usize>).transpose().with_context(|| format!("device {s:?}: bad CUDA ordinal"))?;
+            Device::new_cuda(ord.unwrap_or(0)).with_context(|| {
+                format!("device {s}: CUDA is not available (merg must be built with the `cuda` feature, and a driver must be present)")
+            })
+        }
+        other => bail!("device {other:?}: use cpu, cuda or cuda:N"),
+    }
+}
+
+impl Checkpoint {
+    /// Loads a checkpoint found by `hub::resolve` (repo id or local directory).
+    pub fn load(files: ModelFiles, device: &Device, dtype: Option<DType>) -> Result<Self> {
+        let config = models::registry::read_config(&files.config)?;
+        let dtype = dtype.unwrap_or_else(|| crate::weights::default_dtype(device));
+        let weights = Weights::safetensors(&files.weights, dtype, device)?;
+        let model = models::load(&config, weights).with_context(|| format!("loading model {} ({})", files.source, files.config.display()))?;
+        let tokenizer = Arc::new(ChatTokenizer::from_dir(&files.dir)?);
+        let preprocessor = match &files.preprocessor_config {
+            Some(p) => PreprocessorConfig::from_file(p)?,
+            None => PreprocessorConfig::default(),
+        };
+        let processor = Processor::new(tokenizer, preprocessor, model.spec());
+        Ok(Checkpoint { model, processor, files: Some(files) })
+    }
+
+    /// Random weights for a config.json, with a separate tokenizer (benchmarks).
+    pub fn dummy(config: &std::path::Path, tokenizer: ChatTokenizer, device: &Device, dtype: DType) -> Result<Self> {
+        let cfg = models::registry::read_config(config)?;
+        let model = models::load(&cfg, Weights::dummy(dtype, device)).with_context(|| format!("model config {}", config.display()))?;
+        let processor = Processor::new(Arc::new(tokenizer), PreprocessorConfig::default(), model.spec());
+        Ok(Checkpoint { model, processor, files: None })
+    }
+
+    pub fn tokenizer(&self) -> &ChatTokenizer {
+        &self.processor.tokenizer
+    }
+
+    /// The tokenizer.json path (JSON-schema constraints compile from it).
+    pub fn tokenizer_file(&self) -> Option<PathBuf> {
+        self.files.as_ref().map(|f| f.tokenizer.clone())
+    }
+}

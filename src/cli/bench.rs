@@ -1,0 +1,170 @@
+//! `merg bench` (prefill and decode speed of the dense reference path at batch 1) and
+//! `merg bench-agents` (the five-agent workload on the paged engine, cache on vs off).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use merg::checkpoint::{parse_device, Checkpoint};
+use merg::generate::{forward_logits, VisionInput};
+use merg::models::{registry, DenseCache, Model, PromptInputs};
+use merg::weights::{parse_dtype, Weights};
+
+use super::EngineArgs;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// A checkpoint (repo id or directory); with --dummy only its config.json is read.
+    #[arg(long, conflicts_with = "config")]
+    model: Option<String>,
+    /// A config.json (e.g. models/qwen2.5-vl-7b-instruct.json); implies --dummy.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Random weights instead of the checkpoint's (like vLLM's --load-format dummy).
+    #[arg(long)]
+    dummy: bool,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[arg(long)]
+    dtype: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    prompt_tokens: usize,
+    #[arg(long, default_value_t = 64)]
+    decode_tokens: usize,
+}
+
+#[derive(Args)]
+pub struct BenchAgentsArgs {
+    /// Model config for dummy weights (needs the real Qwen vocabulary) …
+    #[arg(long, default_value = "models/dummy-small-qwen2.5-vl.json")]
+    config: PathBuf,
+    /// … and the tokenizer.json giving real token counts (default: $MERG_DATA_DIR or
+    /// ../shared/data /qwen2-tokenizer/tokenizer.json).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// A real checkpoint directory instead (its own weights and tokenizer).
+    #[arg(long, conflicts_with_all = ["config", "tokenizer"])]
+    model: Option<String>,
+    #[arg(long, default_value_t = 8)]
+    dialogues: usize,
+    #[arg(long, default_value_t = 24)]
+    new_tokens: usize,
+    /// Keyframe image shown with every dialogue (default: synthetic frames).
+    #[arg(long)]
+    keyframe: Option<PathBuf>,
+    /// Keyframes per dialogue (0 = text only); a 448×448 frame is 256 Qwen2.5-VL tokens.
+    #[arg(long, default_value_t = 4)]
+    keyframes: usize,
+    #[arg(long, default_value_t = 448)]
+    keyframe_size: u32,
+    /// (cache on, cache off) pairs to run; the reported wall ratio is their median.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[arg(long)]
+    dtype: Option<String>,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+pub fn cmd_bench(a: BenchArgs) -> Result<()> {
+    let device = parse_device(&a.device).map_err(|e| anyhow::anyhow!("--device: {e:#}"))?;
+    let dtype = a.dtype.as_deref().map(parse_dtype).transpose()?.unwrap_or_else(|| merg::weights::default_dtype(&device));
+    let (config, weights) = match (&a.config, &a.model) {
+        (Some(c), _) => (registry::read_config(c)?, Weights::dummy(dtype, &device)),
+        (None, Some(m)) => {
+            let files = merg::hub::resolve(m, None)?;
+            let w = if a.dummy { Weights::dummy(dtype, &device) } else { Weights::safetensors(&files.weights, dtype, &device)? };
+            (registry::read_config(&files.config)?, w)
+        }
+        (None, None) => anyhow::bail!("bench needs --config FILE or --model MODEL"),
+    };
+    let model = registry::load(&config, weights)?;
+    let spec = model.spec().clone();
+    if a.prompt_tokens == 0 || a.prompt_tokens + a.decode_tokens >= spec.max_context {
+        anyhow::bail!("--prompt-tokens must be ≥ 1 and prompt + decode must fit the context ({})", spec.max_context);
+    }
+    // Ordinary token ids below the vision specials (content does not matter for speed, but a
+    // placeholder id would demand image features).
+    let hi = spec.special.vision_start.min(spec.vocab_size as u32).max(2);
+    let ids: Vec<u32> = (0..a.prompt_tokens as u32).map(|i| 1 + (i * 7919) % (hi - 1)).collect();
+    let sync = |d: &candle_core::Device| d.synchronize().context("device sync");
+    let t0 = Instant::now();
+    let pre = merg::generate::prepare(&*model, &ids, &VisionInput::default())?;
+    let mut kv = DenseCache::new();
+    let logits = forward_logits(&*model, &pre, &mut kv, 1)?;
+    let mut tok = logits.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
+    sync(&device)?;
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    for i in 0..a.decode_tokens {
+        let step = decode_inputs(&*model, tok, ids.len() + i, pre.rope_delta)?;
+        tok = forward_logits(&*model, &step, &mut kv, 1)?.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
+    }
+    sync(&device)?;
+    let decode_s = t1.elapsed().as_secs_f64();
+    let rec = serde_json::json!({
+        "family": spec.model_type,
+        "hidden_size": spec.hidden_size,
+        "layers": spec.layers.len(),
+        "device": a.device,
+        "dtype": format!("{dtype:?}"),
+        "dummy": a.config.is_some() || a.dummy,
+        "prompt_tokens": a.prompt_tokens,
+        "decode_tokens": a.decode_tokens,
+        "prefill_tokens_per_s": a.prompt_tokens as f64 / prefill_s,
+        "decode_tokens_per_s": a.decode_tokens as f64 / decode_s,
+    });
+    println!("{}", serde_json::to_string_pretty(&rec)?);
+    Ok(())
+}
+
+/// Inputs of one generated token continuing after `past` tokens.
+fn decode_inputs(model: &dyn Model, tok: u32, past: usize, rope_delta: i64) -> Result<PromptInputs> {
+    Ok(PromptInputs { embeds: model.embed_tokens(&[tok])?, positions: model.decode_positions(past, 1, rope_delta), rope_delta })
+}
+
+fn default_tokenizer() -> Option<PathBuf> {
+    let base = std::env::var_os("MERG_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("../shared/data"));
+    let p = base.join("qwen2-tokenizer/tokenizer.json");
+    p.exists().then_some(p)
+}
+
+pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
+    let device = parse_device(&a.device)?;
+    let dtype = a.dtype.as_deref().map(parse_dtype).transpose()?;
+    let cfg = a.engine.config()?;
+    let frames: Vec<image::RgbImage> = (0..a.keyframes)
+        .map(|k| match &a.keyframe {
+            Some(p) => merg::vision::load_image(p),
+            None => Ok(image::RgbImage::from_fn(a.keyframe_size, a.keyframe_size, |x, y| {
+                image::Rgb([(x + 40 * k as u32) as u8, y as u8, ((x * y + k as u32) % 251) as u8])
+            })),
+        })
+        .collect::<Result<_>>()?;
+    let make: Box<dyn Fn() -> Result<Checkpoint>> = match &a.model {
+        Some(m) => {
+            let m = m.clone();
+            let device = device.clone();
+            Box::new(move || Checkpoint::load(merg::hub::resolve(&m, None)?, &device, dtype))
+        }
+        None => {
+            let tok = a.tokenizer.clone().or_else(default_tokenizer).context(
+                "bench-agents needs the real Qwen2 tokenizer for real token counts: pass --tokenizer, set MERG_DATA_DIR, or use --model DIR",
+            )?;
+            let config = a.config.clone();
+            let device = device.clone();
+            Box::new(move || {
+                let dtype = dtype.unwrap_or_else(|| merg::weights::default_dtype(&device));
+                let tokenizer = merg::tokenizer::ChatTokenizer::from_files(&tok, Some(merg::chat::QWEN2_VL_CHAT_TEMPLATE.to_string()))?;
+                Checkpoint::dummy(&config, tokenizer, &device, dtype)
+            })
+        }
+    };
+    let report = merg::bench::run_agents(&*make, &cfg, a.dialogues, a.new_tokens, &frames, a.repeats)?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}

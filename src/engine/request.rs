@@ -1,0 +1,150 @@
+//! Requests and their preparation. `RequestPreparer` does everything that needs no model
+//! weights — chat template and tokens, media decoding and HF-equal preprocessing, compiling a
+//! JSON schema — on the caller's thread, so the engine thread only encodes media it has not
+//! seen and steps. A keyframe the vision cache already holds is not even preprocessed.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::constraint::ConstraintFactory;
+use super::error::{EngineError, EngineResult};
+use super::vision_cache::{content_hash, VisionCache};
+use crate::chat::Message;
+use crate::generate::{SamplingParams, TokenConstraint};
+use crate::models::MediaGrid;
+use crate::processor::{check_placeholders, Processor};
+use crate::vision::{Media, Patches};
+
+/// A chat request: messages, their media in placeholder order, sampling, and optionally a JSON
+/// schema the output must follow (or any other token constraint).
+pub struct ChatRequest {
+    pub messages: Vec<Message>,
+    pub media: Vec<Media>,
+    pub sampling: SamplingParams,
+    /// Compiled with the checkpoint's tokenizer when the request is prepared.
+    pub schema: Option<serde_json::Value>,
+    /// A ready-made constraint instead of a schema.
+    pub constraint: Option<Box<dyn TokenConstraint>>,
+}
+
+impl ChatRequest {
+    pub fn new(messages: Vec<Message>, media: Vec<Media>, sampling: SamplingParams) -> Self {
+        ChatRequest { messages, media, sampling, schema: None, constraint: None }
+    }
+
+    pub fn with_schema(mut self, schema: serde_json::Value) -> Self {
+        self.schema = Some(schema);
+        self
+    }
+}
+
+/// One media item after preparation.
+pub struct PreparedMedia {
+    /// Content hash of the source (the vision-cache key and the prefix-cache extra key).
+    pub key: u64,
+    pub grid: MediaGrid,
+    /// Patches, unless the vision cache held the item when the request was prepared.
+    pub patches: Option<Patches>,
+    /// The source, kept for a cached item in case the cache drops it before admission.
+    pub source: Option<Media>,
+}
+
+/// A request the engine can queue without tokenizing or preprocessing anything.
+pub struct PreparedRequest {
+    pub ids: Vec<u32>,
+    pub media: Vec<PreparedMedia>,
+    pub sampling: SamplingParams,
+    pub constraint: Option<Box<dyn TokenConstraint>>,
+}
+
+/// Caller-side preparation, shared by the engine and every handle (cheap to clone).
+#[derive(Clone)]
+pub struct RequestPreparer {
+    pub processor: Processor,
+    /// Shared with the engine: lets the caller skip preprocessing a cached item.
+    vision_cache: Arc<Mutex<VisionCache>>,
+    /// The tokenizer.json JSON schemas compile from, and the factory once built.
+    tokenizer_file: Option<std::path::PathBuf>,
+    constraints: Arc<OnceLock<Arc<ConstraintFactory>>>,
+    max_context: usize,
+}
+
+impl RequestPreparer {
+    pub(crate) fn new(
+        processor: Processor,
+        vision_cache: Arc<Mutex<VisionCache>>,
+        tokenizer_file: Option<std::path::PathBuf>,
+        max_context: usize,
+    ) -> Self {
+        RequestPreparer { processor, vision_cache, tokenizer_file, constraints: Arc::new(OnceLock::new()), max_context }
+    }
+
+    /// Context window requests are held to.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Uses `f` for JSON schemas (needed when the checkpoint has no tokenizer file, e.g. dummy
+    /// weights with a separate tokenizer). Ignored once a factory exists.
+    pub fn set_constraint_factory(&self, f: Arc<ConstraintFactory>) {
+        let _ = self.constraints.set(f);
+    }
+
+    fn constraint_factory(&self) -> EngineResult<Arc<ConstraintFactory>> {
+        if let Some(f) = self.constraints.get() {
+            return Ok(f.clone());
+        }
+        let file = self.tokenizer_file.as_ref().ok_or_else(|| {
+            EngineError::bad("a JSON schema needs the checkpoint's tokenizer.json, and this engine has none")
+        })?;
+        let stop = self.processor.tokenizer.special().im_end;
+        let f = Arc::new(ConstraintFactory::from_tokenizer_json(file, stop).map_err(EngineError::internal)?);
+        Ok(self.constraints.get_or_init(|| f).clone())
+    }
+
+    /// Tokenizes, preprocesses media the vision cache lacks, compiles the schema. Fails for
+    /// this request only.
+    pub fn prepare(&self, mut req: ChatRequest) -> EngineResult<PreparedRequest> {
+        req.sampling.validate().map_err(EngineError::bad_request)?;
+        if let Some(schema) = req.schema.take() {
+            if req.constraint.is_some() {
+                return Err(EngineError::bad("a request takes a JSON schema or a constraint, not both"));
+            }
+            let c = self.constraint_factory()?.json_schema(&schema).map_err(EngineError::bad_request)?;
+            req.constraint = Some(Box::new(c));
+        }
+        check_placeholders(&req.messages, &req.media).map_err(EngineError::bad_request)?;
+        let mut media = Vec::with_capacity(req.media.len());
+        for (i, m) in req.media.into_iter().enumerate() {
+            media.push(self.prepare_media(m).map_err(|e| EngineError::BadRequest(format!("media item {i}: {e:#}")))?);
+        }
+        let grids: Vec<MediaGrid> = media.iter().map(|m| m.grid.clone()).collect();
+        let ids = self.processor.encode_prompt(&req.messages, &grids).map_err(EngineError::bad_request)?;
+        if ids.is_empty() {
+            return Err(EngineError::bad("empty prompt"));
+        }
+        if ids.len() >= self.max_context {
+            return Err(EngineError::BadRequest(format!(
+                "prompt is {} tokens but the context window is {}",
+                ids.len(),
+                self.max_context
+            )));
+        }
+        let mut sampling = req.sampling;
+        if sampling.stop_token_ids.is_empty() {
+            sampling.stop_token_ids = self.processor.tokenizer.stop_token_ids();
+        }
+        Ok(PreparedRequest { ids, media, sampling, constraint: req.constraint })
+    }
+
+    fn prepare_media(&self, m: Media) -> anyhow::Result<PreparedMedia> {
+        let key = content_hash(&m);
+        let cached = self.vision_cache.lock().map_err(|_| anyhow::anyhow!("vision cache poisoned"))?.grid_of(key);
+        Ok(match cached {
+            Some(grid) => PreparedMedia { key, grid, patches: None, source: Some(m) },
+            None => {
+                let item = self.processor.preprocess(&m)?;
+                PreparedMedia { key, grid: item.grid, patches: Some(item.patches), source: None }
+            }
+        })
+    }
+}

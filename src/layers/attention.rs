@@ -1,0 +1,117 @@
+//! Attention kernels on token-major tensors: causal grouped-query attention of new tokens over
+//! cached K/V (decoders), and dense non-causal attention of one segment (vision towers).
+
+use candle_core::{DType, Device, Module, Result, Tensor};
+
+use super::{linear, Linear, Rotary};
+use crate::models::cache::StepCache;
+use crate::weights::Weights;
+
+/// Decoder self-attention: q/k/v projections, rotary, the step cache's causal attention over
+/// everything cached, output projection. Grouped-query when `kv_heads < heads`.
+#[derive(Clone, Debug)]
+pub struct SelfAttention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl SelfAttention {
+    /// `qkv_bias`: Qwen2 puts biases on q/k/v but not on o.
+    pub fn new(hidden: usize, heads: usize, kv_heads: usize, head_dim: usize, qkv_bias: bool, w: Weights) -> Result<Self> {
+        Ok(SelfAttention {
+            q: linear(hidden, heads * head_dim, qkv_bias, w.pp("q_proj"))?,
+            k: linear(hidden, kv_heads * head_dim, qkv_bias, w.pp("k_proj"))?,
+            v: linear(hidden, kv_heads * head_dim, qkv_bias, w.pp("v_proj"))?,
+            o: linear(heads * head_dim, hidden, false, w.pp("o_proj"))?,
+            heads,
+            kv_heads,
+            head_dim,
+        })
+    }
+
+    /// `x: [T, hidden]` of this step; `layer` names the cache slot.
+    pub fn forward(&self, x: &Tensor, rope: &Rotary, cos: &Tensor, sin: &Tensor, layer: usize, cache: &mut dyn StepCache) -> Result<Tensor> {
+        let t = x.dim(0)?;
+        let q = self.q.forward(x)?.reshape((t, self.heads, self.head_dim))?;
+        let k = self.k.forward(x)?.reshape((t, self.kv_heads, self.head_dim))?;
+        let v = self.v.forward(x)?.reshape((t, self.kv_heads, self.head_dim))?;
+        let q = rope.apply(&q, cos, sin)?;
+        let k = rope.apply(&k, cos, sin)?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let out = cache.attend(layer, &q, &k, &v.contiguous()?, scale)?;
+        self.o.forward(&out)
+    }
+}
+
+/// Causal grouped-query attention of `T` new queries over `S = past + T` keys.
+/// `q: [T, H, d]`, `k, v: [S, KV, d]` (token-major). The causal offset handles prefill, chunked
+/// prefill and decode alike: query `i` sees keys `0..=past+i`.
+pub fn causal_gqa(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+    let (t, h, d) = q.dims3()?;
+    let (s, kvh, _) = k.dims3()?;
+    let groups = h / kvh;
+    let past = s - t;
+    // [KV, G*T, d]: each kv head serves its group of query heads without copying K/V.
+    let q = q.reshape((t, kvh, groups, d))?.permute((1, 2, 0, 3))?.reshape((kvh, groups * t, d))?;
+    let k = k.transpose(0, 1)?.contiguous()?;
+    let v = v.transpose(0, 1)?.contiguous()?;
+    let mut att = (q.contiguous()?.matmul(&k.t()?)? * scale)?; // [KV, G*T, S]
+    if t > 1 {
+        let mask = causal_mask(t, s, past, att.dtype(), att.device())?; // [T, S]
+        let mask = mask.repeat((groups, 1))?; // [G*T, S]
+        att = att.broadcast_add(&mask)?;
+    }
+    let att = softmax_f32(&att)?;
+    let out = att.matmul(&v)?; // [KV, G*T, d]
+    out.reshape((kvh, groups, t, d))?.permute((2, 0, 1, 3))?.reshape((t, h * d))
+}
+
+pub fn causal_mask(t: usize, s: usize, past: usize, dtype: DType, dev: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| (0..s).map(move |j| if j <= past + i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    Tensor::from_vec(mask, (t, s), dev)?.to_dtype(dtype)
+}
+
+/// Dense non-causal attention of one segment. `q, k, v: [S, heads, d]` → `[S, heads*d]`.
+/// Used by the vision towers, whose attention is block-diagonal over images/windows.
+pub fn dense_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+    let (s, h, d) = q.dims3()?;
+    let q = q.transpose(0, 1)?.contiguous()?;
+    let k = k.transpose(0, 1)?.contiguous()?;
+    let v = v.transpose(0, 1)?.contiguous()?;
+    let att = (q.matmul(&k.t()?)? * scale)?;
+    let att = softmax_f32(&att)?;
+    att.matmul(&v)?.transpose(0, 1)?.reshape((s, h * d))
+}
+
+/// Softmax over the last dim in f32 (transformers upcasts attention weights the same way).
+pub fn softmax_f32(x: &Tensor) -> Result<Tensor> {
+    let dtype = x.dtype();
+    candle_nn::ops::softmax_last_dim(&x.to_dtype(DType::F32)?)?.to_dtype(dtype)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first query sees only the first key: its output is exactly v[0] of its kv head.
+    #[test]
+    fn causal_first_token_sees_itself() -> Result<()> {
+        let dev = Device::Cpu;
+        let q = Tensor::randn(0f32, 1., (3, 2, 4), &dev)?;
+        let k = Tensor::randn(0f32, 1., (3, 1, 4), &dev)?;
+        let v = Tensor::randn(0f32, 1., (3, 1, 4), &dev)?;
+        let out = causal_gqa(&q, &k, &v, 0.5)?; // [3, 8]
+        let first = out.get(0)?.reshape((2, 4))?;
+        let v0 = v.get(0)?.reshape((1, 4))?.repeat((2, 1))?;
+        let diff = (first - v0)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff < 1e-6);
+        Ok(())
+    }
+}

@@ -1,0 +1,43 @@
+//! Feed-forward blocks: gated SwiGLU-style (Qwen text, Qwen2.5-VL vision) or fc1 → act → fc2
+//! (Qwen2-VL vision).
+
+use candle_core::{Module, Result, Tensor};
+
+use super::{act, linear, Act, Linear};
+use crate::weights::Weights;
+
+#[derive(Clone, Debug)]
+pub enum Mlp {
+    Gated { gate: Linear, up: Linear, down: Linear, act: Act },
+    Plain { fc1: Linear, fc2: Linear, act: Act },
+}
+
+impl Mlp {
+    pub fn gated(dim: usize, hidden: usize, bias: bool, act: Act, vb: Weights) -> Result<Self> {
+        Ok(Mlp::Gated {
+            gate: linear(dim, hidden, bias, vb.pp("gate_proj"))?,
+            up: linear(dim, hidden, bias, vb.pp("up_proj"))?,
+            down: linear(hidden, dim, bias, vb.pp("down_proj"))?,
+            act,
+        })
+    }
+    pub fn plain(dim: usize, hidden: usize, act: Act, vb: Weights) -> Result<Self> {
+        Ok(Mlp::Plain {
+            fc1: linear(dim, hidden, true, vb.pp("fc1"))?,
+            fc2: linear(hidden, dim, true, vb.pp("fc2"))?,
+            act,
+        })
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Mlp::Gated { gate, up, down, act: a } => {
+                let g = act(*a, &gate.forward(x)?)?;
+                down.forward(&(g * up.forward(x)?)?)
+            }
+            Mlp::Plain { fc1, fc2, act: a } => fc2.forward(&act(*a, &fc1.forward(x)?)?),
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The seam between decoder layers and what they remember across steps.
+//!
+//! A step packs the new tokens of one or more sequences (`[T_total, …]`, each sequence a
+//! contiguous run). Each layer asks the step's cache for what its kind needs:
+//! - an attention layer hands over its rotated q/k/v; the cache stores k/v (dense tensors here,
+//!   the paged pool in the engine) and returns causal attention over everything cached;
+//! - a recurrent layer (Gated DeltaNet) takes each run's fixed-size state (conv window and
+//!   recurrent matrix), updates it in place, and needs no per-token storage.
+//! `DenseCache` (one sequence, contiguous tensors) is the obviously-correct reference; the
+//! engine's paged step implements the same trait, so model code never changes.
+
+use std::collections::HashMap;
+
+use candle_core::{Result, Tensor};
+
+pub use crate::layers::attention::causal_gqa;
+
+/// Fixed-size state of one recurrent layer for one sequence; `None` until the layer first
+/// writes it (a zero state).
+#[derive(Clone, Debug, Default)]
+pub struct RecurrentState {
+    pub conv: Option<Tensor>,
+    pub ssm: Option<Tensor>,
+}
+
+pub trait StepCache {
+    /// `(start, len)` of each sequence's tokens in a packed step of `total` tokens.
+    fn runs(&self, total: usize) -> Vec<(usize, usize)>;
+
+    /// Attention layer `layer`: `q: [T, heads, d]`, `k, v: [T, kv_heads, d]` for the step's
+    /// tokens. Stores k/v and returns causal attention over all cached tokens: `[T, heads*d]`.
+    fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor>;
+
+    /// Recurrent layer `layer`: the state of the step's `run`-th sequence.
+    fn recurrent(&mut self, layer: usize, run: usize) -> Result<&mut RecurrentState>;
+}
+
+/// Contiguous per-layer K/V and recurrent state for a single sequence.
+#[derive(Default)]
+pub struct DenseCache {
+    kv: Vec<Option<(Tensor, Tensor)>>,
+    states: HashMap<usize, RecurrentState>,
+}
+
+impl DenseCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Tokens whose K/V are cached (0 for a model without attention layers).
+    pub fn len(&self) -> usize {
+        match self.kv.iter().flatten().next() {
+            Some((k, _)) => k.dim(0).unwrap_or(0),
+            None => 0,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn clear(&mut self) {
+        self.kv.clear();
+        self.states.clear();
+    }
+}
+
+impl StepCache for DenseCache {
+    fn runs(&self, total: usize) -> Vec<(usize, usize)> {
+        vec![(0, total)]
+    }
+
+    fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+        if self.kv.len() <= layer {
+            self.kv.resize(layer + 1, None);
+        }
+        let (k_all, v_all) = match self.kv[layer].take() {
+            Some((pk, pv)) => (Tensor::cat(&[&pk, k], 0)?, Tensor::cat(&[&pv, v], 0)?),
+            None => (k.clone(), v.clone()),
+        };
+        let out = causal_gqa(q, &k_all, &v_all, scale)?;
+        self.kv[layer] = Some((k_all, v_all));
+        Ok(out)
+    }
+
+    fn recurrent(&mut self, layer: usize, run: usize) -> Result<&mut RecurrentState> {
+        if run != 0 {
+            candle_core::bail!("a dense cache holds one sequence; run {run} asked for");
+        }
+        Ok(self.states.entry(layer).or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// Attention of a sequence split into chunks must equal one-shot prefill.
+    #[test]
+    fn chunked_equals_one_shot() -> Result<()> {
+        let dev = Device::Cpu;
+        let (t, h, kvh, d) = (7, 4, 2, 8);
+        let q = Tensor::randn(0f32, 1., (t, h, d), &dev)?;
+        let k = Tensor::randn(0f32, 1., (t, kvh, d), &dev)?;
+        let v = Tensor::randn(0f32, 1., (t, kvh, d), &dev)?;
+        let mut one = DenseCache::new();
+        let full = one.attend(0, &q, &k, &v, 0.3)?;
+        let mut chunked = DenseCache::new();
+        let mut parts = vec![];
+        for (start, len) in [(0, 3), (3, 1), (4, 3)] {
+            parts.push(chunked.attend(0, &q.narrow(0, start, len)?, &k.narrow(0, start, len)?, &v.narrow(0, start, len)?, 0.3)?);
+        }
+        let joined = Tensor::cat(&parts, 0)?;
+        let diff = (full - joined)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff < 1e-5, "diff {diff}");
+        assert_eq!(chunked.len(), 7);
+        Ok(())
+    }
+
+    #[test]
+    fn recurrent_state_persists_per_layer() -> Result<()> {
+        let mut c = DenseCache::new();
+        assert!(c.recurrent(3, 0)?.ssm.is_none());
+        c.recurrent(3, 0)?.ssm = Some(Tensor::ones(2, candle_core::DType::F32, &Device::Cpu)?);
+        assert!(c.recurrent(3, 0)?.ssm.is_some());
+        assert!(c.recurrent(4, 0)?.ssm.is_none());
+        assert!(c.recurrent(3, 1).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,193 @@
+//! Qwen2-VL and Qwen2.5-VL: vision tower + Qwen2 text decoder + the glue that puts vision
+//! features into the placeholder positions of the prompt. The two variants share the decoder;
+//! the vision towers differ in norm, MLP and window attention, and Qwen2.5-VL scales video
+//! time in the positions.
+
+pub mod config;
+pub mod position;
+pub mod text;
+pub mod vision;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use serde_json::Value;
+
+pub use config::{Config, TextConfig, Variant, VisionConfig};
+use position::rope_index;
+use text::TextModel;
+use vision::VisionTower;
+
+use super::cache::StepCache;
+use super::{LayerKind, MediaGrid, Model, ModelSpec, Positions, PromptInputs, SpecialIds, VisionSpec};
+use crate::weights::Weights;
+
+pub struct QwenVl {
+    pub cfg: Config,
+    pub text: TextModel,
+    pub vision: VisionTower,
+    spec: ModelSpec,
+}
+
+/// Where a checkpoint keeps its parts: hub layout (`model.`, `visual.`) or the layout newer
+/// transformers writes (`model.language_model.`, `model.visual.`).
+pub fn prefixes(has_tensor: impl Fn(&str) -> bool) -> (&'static str, &'static str) {
+    if has_tensor("model.language_model.embed_tokens.weight") {
+        ("model.language_model", "model.visual")
+    } else {
+        ("model", "visual")
+    }
+}
+
+/// The registry's loader for `qwen2_vl` and `qwen2_5_vl`.
+pub fn load_from_config(config: &Value, weights: Weights) -> Result<Arc<dyn Model>> {
+    let cfg = Config::from_value(config)?;
+    Ok(Arc::new(QwenVl::new(&cfg, weights)?))
+}
+
+/// The registry's spec reader.
+pub fn spec_from_config(config: &Value) -> Result<ModelSpec> {
+    Ok(spec_of(&Config::from_value(config)?))
+}
+
+impl QwenVl {
+    pub fn new(cfg: &Config, w: Weights) -> Result<Self> {
+        let (text_prefix, vision_prefix) = prefixes(|n| w.contains(n));
+        let source = w.describe();
+        let build = || -> Result<Self> {
+            let text = TextModel::new(&cfg.text, w.pp(text_prefix), w.clone()).context("text decoder")?;
+            let vision = VisionTower::new(cfg.variant, &cfg.vision, w.pp(vision_prefix)).context("vision tower")?;
+            Ok(QwenVl { cfg: cfg.clone(), text, vision, spec: spec_of(cfg) })
+        };
+        build().with_context(|| format!("checkpoint [{source}] does not match its config.json"))
+    }
+
+    /// Loads memory-mapped safetensors shards; a tensor that does not match the config fails
+    /// with its name and both shapes.
+    pub fn load(cfg: &Config, files: &[PathBuf], dtype: DType, device: &Device) -> Result<Self> {
+        Self::new(cfg, Weights::safetensors(files, dtype, device)?)
+    }
+
+    /// Random weights of the right shapes (benchmarks, `--load-format dummy`).
+    pub fn dummy(cfg: &Config, dtype: DType, device: &Device) -> Result<Self> {
+        Self::new(cfg, Weights::dummy(dtype, device))
+    }
+
+    /// Splices features into the placeholder runs of the prompt's embeddings. `img`/`vid` are
+    /// the features of all images / all videos, in prompt order.
+    fn merge_features(&self, ids: &[u32], img: Option<&Tensor>, vid: Option<&Tensor>) -> Result<Tensor> {
+        let text = self.text.embed(ids)?;
+        let mut rows: Vec<Tensor> = Vec::new();
+        let (mut next_img, mut next_vid) = (0usize, 0usize);
+        let mut run_start = 0;
+        // Splice contiguous text runs and feature runs; a token-by-token scatter would be O(L) ops.
+        let mut i = 0;
+        while i < ids.len() {
+            let (feat, cursor) = if ids[i] == self.cfg.image_token_id {
+                (img, &mut next_img)
+            } else if ids[i] == self.cfg.video_token_id {
+                (vid, &mut next_vid)
+            } else {
+                i += 1;
+                continue;
+            };
+            let tok = ids[i];
+            let mut j = i;
+            while j < ids.len() && ids[j] == tok {
+                j += 1;
+            }
+            let Some(feat) = feat else { bail!("prompt has placeholder tokens but no vision input") };
+            if *cursor + (j - i) > feat.dim(0)? {
+                bail!("prompt has more placeholder tokens than vision features ({})", feat.dim(0)?);
+            }
+            if run_start < i {
+                rows.push(text.narrow(0, run_start, i - run_start)?);
+            }
+            rows.push(feat.narrow(0, *cursor, j - i)?.to_dtype(text.dtype())?);
+            *cursor += j - i;
+            run_start = j;
+            i = j;
+        }
+        if run_start < ids.len() {
+            rows.push(text.narrow(0, run_start, ids.len() - run_start)?);
+        }
+        for (feat, used) in [(img, next_img), (vid, next_vid)] {
+            if let Some(f) = feat {
+                if f.dim(0)? != used {
+                    bail!("{} vision features but {used} placeholder tokens", f.dim(0)?);
+                }
+            }
+        }
+        Ok(Tensor::cat(&rows, 0)?)
+    }
+}
+
+fn spec_of(cfg: &Config) -> ModelSpec {
+    let t = &cfg.text;
+    ModelSpec {
+        model_type: cfg.variant.model_type().to_string(),
+        layers: vec![LayerKind::Attention; t.num_hidden_layers],
+        num_kv_heads: t.num_key_value_heads,
+        head_dim: t.head_dim(),
+        hidden_size: t.hidden_size,
+        vocab_size: t.vocab_size,
+        max_context: t.max_position_embeddings,
+        special: SpecialIds {
+            image: cfg.image_token_id,
+            video: cfg.video_token_id,
+            vision_start: cfg.vision_start_token_id,
+            vision_end: cfg.vision_end_token_id,
+            eos: cfg.eos_token_ids.clone(),
+        },
+        vision: Some(VisionSpec {
+            patch_size: cfg.vision.patch_size,
+            spatial_merge_size: cfg.vision.spatial_merge_size,
+            temporal_patch_size: cfg.vision.temporal_patch_size,
+        }),
+    }
+}
+
+impl Model for QwenVl {
+    fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    fn device(&self) -> &Device {
+        self.text.device()
+    }
+
+    fn dtype(&self) -> DType {
+        self.text.dtype()
+    }
+
+    fn encode_media(&self, patches: &Tensor, grid: &MediaGrid) -> Result<Tensor> {
+        Ok(self.vision.forward(&patches.to_device(self.device())?, &[grid.thw])?)
+    }
+
+    fn prepare_prompt(&self, ids: &[u32], media: &[MediaGrid], features: &[Tensor]) -> Result<PromptInputs> {
+        if media.len() != features.len() {
+            bail!("{} media items but {} feature tensors", media.len(), features.len());
+        }
+        let (positions, rope_delta) = rope_index(ids, media, &self.cfg)?;
+        let cat = |video: bool| -> Result<Option<Tensor>> {
+            let parts: Vec<&Tensor> = media.iter().zip(features).filter(|(m, _)| m.is_video == video).map(|(_, f)| f).collect();
+            Ok(if parts.is_empty() { None } else { Some(Tensor::cat(&parts, 0)?) })
+        };
+        let embeds = self.merge_features(ids, cat(false)?.as_ref(), cat(true)?.as_ref())?;
+        Ok(PromptInputs { embeds, positions, rope_delta })
+    }
+
+    fn embed_tokens(&self, ids: &[u32]) -> Result<Tensor> {
+        Ok(self.text.embed(ids)?)
+    }
+
+    fn forward(&self, embeds: &Tensor, positions: &Positions, cache: &mut dyn StepCache) -> Result<Tensor> {
+        Ok(self.text.forward(embeds, positions, cache)?)
+    }
+
+    fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(self.text.logits(hidden)?)
+    }
+}

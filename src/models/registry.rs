@@ -1,0 +1,68 @@
+//! From a checkpoint's `model_type` to the family that loads it. Adding a family is one row
+//! here plus its folder.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use super::{Model, ModelSpec};
+use crate::weights::Weights;
+
+/// One registered family: its loader, and its spec from config alone (no weights read).
+struct Family {
+    model_type: &'static str,
+    load: fn(&Value, Weights) -> Result<Arc<dyn Model>>,
+    spec: fn(&Value) -> Result<ModelSpec>,
+}
+
+const FAMILIES: &[Family] = &[
+    Family { model_type: "qwen2_vl", load: super::qwen2_vl::load_from_config, spec: super::qwen2_vl::spec_from_config },
+    Family { model_type: "qwen2_5_vl", load: super::qwen2_vl::load_from_config, spec: super::qwen2_vl::spec_from_config },
+];
+
+pub fn supported_model_types() -> Vec<&'static str> {
+    FAMILIES.iter().map(|f| f.model_type).collect()
+}
+
+fn family(config: &Value) -> Result<&'static Family> {
+    let t = model_type(config)?;
+    FAMILIES
+        .iter()
+        .find(|f| f.model_type == t)
+        .with_context(|| format!("unknown model_type {t:?}: merg supports {}", supported_model_types().join(", ")))
+}
+
+/// The `model_type` of a parsed config.json (top level, as transformers writes it).
+pub fn model_type(config: &Value) -> Result<&str> {
+    config.get("model_type").and_then(Value::as_str).context("config has no \"model_type\"")
+}
+
+/// Loads the model a config.json describes from `weights`.
+pub fn load(config: &Value, weights: Weights) -> Result<Arc<dyn Model>> {
+    (family(config)?.load)(config, weights)
+}
+
+/// What the engine would see of the model, from its config alone.
+pub fn spec(config: &Value) -> Result<ModelSpec> {
+    (family(config)?.spec)(config)
+}
+
+/// Reads and parses a config.json file.
+pub fn read_config(path: &std::path::Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read model config {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("invalid model config {}: not valid JSON", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn unknown_model_type_lists_the_supported_ones() {
+        let cfg = serde_json::json!({"model_type": "llava"});
+        let e = format!("{:#}", load(&cfg, Weights::dummy(DType::F32, &Device::Cpu)).err().unwrap());
+        assert!(e.contains("\"llava\"") && e.contains("qwen2_vl") && e.contains("qwen2_5_vl"), "{e}");
+    }
+}

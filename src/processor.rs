@@ -1,0 +1,94 @@
+//! Turning a chat request into model inputs, before the model sees it: chat template and
+//! tokens (dialogue text never becomes a control token), and media preprocessed into patch
+//! grids (HF-equal). Like HF's `AutoProcessor`: the tokenizer and the image processor of one
+//! checkpoint, plus what the model says about media placement. Cheap to clone; runs on the
+//! caller's thread, never between engine steps.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+
+use crate::chat::{ContentPart, Message};
+use crate::models::{MediaGrid, ModelSpec, VisionSpec};
+use crate::tokenizer::ChatTokenizer;
+use crate::vision::{self, Media, Patches, PreprocessorConfig};
+
+/// One preprocessed image or video.
+pub struct MediaItem {
+    pub patches: Patches,
+    pub grid: MediaGrid,
+}
+
+#[derive(Clone)]
+pub struct Processor {
+    pub tokenizer: Arc<ChatTokenizer>,
+    pub preprocessor: PreprocessorConfig,
+    /// Absent for text-only models (then any media is an error).
+    vision: Option<VisionSpec>,
+}
+
+impl Processor {
+    pub fn new(tokenizer: Arc<ChatTokenizer>, preprocessor: PreprocessorConfig, spec: &ModelSpec) -> Self {
+        Processor { tokenizer, preprocessor, vision: spec.vision.clone() }
+    }
+
+    fn vision(&self) -> Result<&VisionSpec> {
+        self.vision.as_ref().context("this model takes no images or videos")
+    }
+
+    /// Preprocesses one media item into patches and its grid.
+    pub fn preprocess(&self, m: &Media) -> Result<MediaItem> {
+        self.vision()?;
+        let (patches, is_video, secs) = match m {
+            Media::Image(img) => (vision::preprocess_image(img, &self.preprocessor)?, false, 0.0),
+            Media::Video { frames, fps } => {
+                let p = vision::preprocess_video(frames, &self.preprocessor)?;
+                (p, true, self.preprocessor.temporal_patch_size as f64 / fps)
+            }
+        };
+        let grid = MediaGrid { thw: patches.grid_thw, is_video, second_per_grid: secs };
+        Ok(MediaItem { patches, grid })
+    }
+
+    /// The grid an item of these (frames, height, width) gets, without touching pixels
+    /// (`smart_resize` on the size alone). Videos are padded to whole temporal patches.
+    pub fn grid_for(&self, (frames, h, w): (usize, usize, usize), is_video: bool, fps: f64) -> Result<MediaGrid> {
+        self.vision()?;
+        let p = &self.preprocessor;
+        let (rh, rw) = vision::smart_resize(h, w, p.factor(), p.min_pixels, p.max_pixels)?;
+        let t = if is_video { frames.div_ceil(p.temporal_patch_size) } else { 1 };
+        let secs = if is_video { p.temporal_patch_size as f64 / fps } else { 0.0 };
+        Ok(MediaGrid { thw: [t, rh / p.patch_size, rw / p.patch_size], is_video, second_per_grid: secs })
+    }
+
+    /// Prompt token ids with each placeholder expanded to its item's merged-token count.
+    pub fn encode_prompt(&self, messages: &[Message], grids: &[MediaGrid]) -> Result<Vec<u32>> {
+        let counts: Vec<usize> = match grids.is_empty() {
+            true => vec![],
+            false => {
+                let v = self.vision()?;
+                grids.iter().map(|g| v.tokens(g)).collect()
+            }
+        };
+        self.tokenizer.encode_chat(messages, true, &counts)
+    }
+
+    /// Prompt length without touching pixels, so callers can budget context cheaply.
+    pub fn count_prompt_tokens(&self, messages: &[Message], media_dims: &[(usize, usize, usize)]) -> Result<usize> {
+        let grids = media_dims.iter().map(|&d| self.grid_for(d, d.0 > 1, 2.0)).collect::<Result<Vec<_>>>()?;
+        Ok(self.encode_prompt(messages, &grids)?.len())
+    }
+}
+
+/// The messages must have one `Image`/`Video` part per media item.
+pub fn check_placeholders(messages: &[Message], media: &[Media]) -> Result<()> {
+    let placeholders = messages
+        .iter()
+        .flat_map(|m| m.content.iter())
+        .filter(|c| matches!(c, ContentPart::Image | ContentPart::Video))
+        .count();
+    if placeholders != media.len() {
+        bail!("the messages reference {placeholders} images/videos but {} were given", media.len());
+    }
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! Where weights come from. A `WeightSource` answers "give me tensor `name`" (float, or
+//! quantized where the source holds quantized blocks); `Weights` is the prefix-carrying handle
+//! that model code loads from (`weights.pp("layers").pp(3)`), usable as a candle `VarBuilder`
+//! for candle's own layer builders.
+//!
+//! Sources today: memory-mapped (sharded) safetensors, and dummy random weights for any config
+//! (benchmarks). GGUF files and in-situ quantization plug in as further sources: a source that
+//! returns `Some` from `quantized` makes every `layers::linear` under it quantized, with no
+//! change to model code.
+
+mod dummy;
+mod safetensors;
+
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use candle_core::quantized::QTensor;
+use candle_core::{DType, Device, Shape, Tensor};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{Init, VarBuilder};
+
+pub use self::dummy::DummyWeights;
+pub use self::safetensors::{index_shards, SafetensorsWeights};
+
+/// What a model asks of a tensor: its shape and how a file-less source should initialise it.
+#[derive(Clone, Copy, Debug)]
+pub struct Expect<'a> {
+    pub shape: &'a Shape,
+    pub init: Init,
+}
+
+pub trait WeightSource: Send + Sync {
+    /// Names the source in errors ("a.safetensors, b.safetensors", "dummy weights").
+    fn describe(&self) -> String;
+    fn contains(&self, name: &str) -> bool;
+    /// A float tensor converted to `dtype` on `dev`. `expect` is absent when the caller takes
+    /// whatever shape is stored; file sources check it, generated sources create from it.
+    fn tensor(&self, name: &str, expect: Option<Expect>, dtype: DType, dev: &Device) -> candle_core::Result<Tensor>;
+    /// The tensor in a quantized block format, when the source holds it so.
+    fn quantized(&self, _name: &str, _dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {
+        None
+    }
+}
+
+/// A source as a candle backend, so `candle_nn` builders (norms, embeddings) load through it.
+struct Backend(Arc<dyn WeightSource>);
+
+impl SimpleBackend for Backend {
+    fn get(&self, s: Shape, name: &str, init: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let t = self.0.tensor(name, Some(Expect { shape: &s, init }), dtype, dev)?;
+        if t.shape() != &s {
+            candle_core::bail!("shape mismatch for {name}, expected {s:?}, got {:?} in {}", t.shape(), self.0.describe());
+        }
+        Ok(t)
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        self.0.tensor(name, None, dtype, dev)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.0.contains(name)
+    }
+}
+
+/// A position in a weight source: prefix, dtype and device, like candle's `VarBuilder`, plus
+/// access to quantized tensors.
+#[derive(Clone)]
+pub struct Weights {
+    vb: VarBuilder<'static>,
+    source: Arc<dyn WeightSource>,
+}
+
+impl Weights {
+    pub fn new(source: Arc<dyn WeightSource>, dtype: DType, device: &Device) -> Self {
+        let vb = VarBuilder::from_backend(Box::new(Backend(source.clone())), dtype, device.clone());
+        Weights { vb, source }
+    }
+
+    /// Memory-mapped safetensors shards, validated first (see `SafetensorsWeights::open`).
+    pub fn safetensors(files: &[std::path::PathBuf], dtype: DType, device: &Device) -> Result<Self> {
+        Ok(Self::new(Arc::new(SafetensorsWeights::open(files)?), dtype, device))
+    }
+
+    /// Random weights of whatever shapes the model asks for.
+    pub fn dummy(dtype: DType, device: &Device) -> Self {
+        Self::new(Arc::new(DummyWeights { std: 0.02 }), dtype, device)
+    }
+
+    pub fn pp(&self, s: impl ToString) -> Self {
+        Weights { vb: self.vb.pp(s), source: self.source.clone() }
+    }
+
+    /// The same position as a candle `VarBuilder` (for candle_nn's builders).
+    pub fn vb(&self) -> &VarBuilder<'static> {
+        &self.vb
+    }
+
+    pub fn get(&self, shape: impl Into<Shape>, name: &str) -> candle_core::Result<Tensor> {
+        self.vb.get(shape, name)
+    }
+
+    /// Whether `name` (relative to this position) is in the source.
+    pub fn contains(&self, name: &str) -> bool {
+        self.vb.contains_tensor(name)
+    }
+
+    /// `name` (relative) in a quantized format, when the source holds it so.
+    pub fn quantized(&self, name: &str) -> Option<candle_core::Result<Arc<QTensor>>> {
+        let prefix = self.vb.prefix();
+        let full = if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+        self.source.quantized(&full, self.vb.device())
+    }
+
+    pub fn describe(&self) -> String {
+        self.source.describe()
+    }
+
+    pub fn device(&self) -> &Device {
+        self.vb.device()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.vb.dtype()
+    }
+}
+
+/// Parses a user-facing dtype name.
+pub fn parse_dtype(name: &str) -> Result<DType> {
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "f32" | "float32" => DType::F32,
+        "f16" | "float16" | "half" => DType::F16,
+        "bf16" | "bfloat16" => DType::BF16,
+        other => bail!("unknown dtype {other:?}: use f32, f16 or bf16"),
+    })
+}
+
+/// Default compute dtype: bf16 on CUDA (what the checkpoints ship), f32 on CPU (candle's CPU
+/// kernels are fastest and exact there).
+pub fn default_dtype(device: &Device) -> DType {
+    if device.is_cuda() {
+        DType::BF16
+    } else {
+        DType::F32
+    }
+}
+
+pub fn file_names(files: &[std::path::PathBuf]) -> String {
+    files.iter().map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()).collect::<Vec<_>>().join(", ")
+}

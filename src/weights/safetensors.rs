@@ -1,0 +1,71 @@
+//! Sharded safetensors checkpoints, memory-mapped. Every shard's header is read and checked
+//! first, so a truncated file or an integer tensor fails with the file's and tensor's names
+//! instead of deep inside the model.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor};
+use safetensors::tensor::{Dtype as StDtype, SafeTensors};
+
+use super::{Expect, WeightSource};
+
+/// Reads every shard's header and checks that it is complete and holds float tensors.
+/// Returns tensor → file.
+pub fn index_shards(files: &[PathBuf]) -> Result<HashMap<String, PathBuf>> {
+    if files.is_empty() {
+        bail!("no .safetensors weight files given");
+    }
+    let mut owner = HashMap::new();
+    for f in files {
+        let file = std::fs::File::open(f).with_context(|| format!("cannot open weights {}", f.display()))?;
+        // SAFETY: read-only map of a file we do not modify; candle maps the same files the same way.
+        let mmap = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", f.display()))?;
+        let st = SafeTensors::deserialize(&mmap)
+            .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file (truncated or corrupt?): {e}", f.display()))?;
+        for (name, view) in st.tensors() {
+            match view.dtype() {
+                StDtype::F32 | StDtype::F16 | StDtype::BF16 | StDtype::F64 => {}
+                other => bail!(
+                    "{}: tensor {name} has dtype {other:?}; model weights must be floating point (f32/f16/bf16)",
+                    f.display()
+                ),
+            }
+            if let Some(prev) = owner.insert(name.clone(), f.clone()) {
+                bail!("tensor {name} appears in both {} and {}", prev.display(), f.display());
+            }
+        }
+    }
+    Ok(owner)
+}
+
+pub struct SafetensorsWeights {
+    mmaped: MmapedSafetensors,
+    names: String,
+}
+
+impl SafetensorsWeights {
+    /// Validates the shards (`index_shards`), then maps them.
+    pub fn open(files: &[PathBuf]) -> Result<Self> {
+        index_shards(files)?;
+        // SAFETY: as above, the files are mapped read-only and not modified while mapped.
+        let mmaped = unsafe { MmapedSafetensors::multi(files) }.context("mapping safetensors shards")?;
+        Ok(SafetensorsWeights { mmaped, names: super::file_names(files) })
+    }
+}
+
+impl WeightSource for SafetensorsWeights {
+    fn describe(&self) -> String {
+        self.names.clone()
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.mmaped.get(name).is_ok()
+    }
+
+    fn tensor(&self, name: &str, _expect: Option<Expect>, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        self.mmaped.load(name, dev)?.to_dtype(dtype)
+    }
+}
