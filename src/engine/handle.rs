@@ -13,6 +13,7 @@ use super::engine::{Completion, Engine, EngineStats};
 use super::error::{EngineError, EngineResult};
 use super::request::{ChatRequest, PreparedRequest, RequestPreparer};
 use super::sequence::SeqId;
+use crate::models::ModelSpec;
 
 /// Identifies a request to its handle (for `abort`).
 pub type RequestId = u64;
@@ -37,6 +38,7 @@ enum Msg {
 pub struct EngineHandle {
     tx: Sender<Msg>,
     preparer: RequestPreparer,
+    spec: Arc<ModelSpec>,
     next_id: Arc<AtomicU64>,
 }
 
@@ -49,8 +51,10 @@ impl EngineThread {
     pub fn spawn(mut engine: Engine) -> Self {
         let (tx, rx) = channel::<Msg>();
         let preparer = engine.preparer().clone();
+        let spec = Arc::new(engine.model().spec().clone());
         let join = std::thread::spawn(move || serve(&mut engine, rx));
-        EngineThread { handle: EngineHandle { tx, preparer, next_id: Arc::new(AtomicU64::new(0)) }, join: Some(join) }
+        let handle = EngineHandle { tx, preparer, spec, next_id: Arc::new(AtomicU64::new(0)) };
+        EngineThread { handle, join: Some(join) }
     }
 }
 
@@ -107,6 +111,11 @@ impl Iterator for RequestStream {
 }
 
 impl EngineHandle {
+    /// What the engine knows of its model (layers, vocabulary, context, special ids).
+    pub fn model_spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
     /// Caller-side preparation: token counts, the tokenizer, the context window.
     pub fn preparer(&self) -> &RequestPreparer {
         &self.preparer

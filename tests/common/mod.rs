@@ -43,3 +43,9 @@ pub fn max_rel_err(a: &Tensor, b: &Tensor) -> f32 {
     let scale = b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
     diff / scale.max(1e-12)
 }
+
+/// ||a - b||₂ / ||b||₂ over all entries: the typical error, where `max_rel_err` is the worst.
+pub fn fro_rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
+    d / b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt().max(1e-12)
+}
