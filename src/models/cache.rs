@@ -6,6 +6,7 @@
 //!   the paged pool in the engine) and returns causal attention over everything cached;
 //! - a recurrent layer (Gated DeltaNet) takes each run's fixed-size state (conv window and
 //!   recurrent matrix), updates it in place, and needs no per-token storage.
+//!
 //! `DenseCache` (one sequence, contiguous tensors) is the obviously-correct reference; the
 //! engine's paged step implements the same trait, so model code never changes.
 

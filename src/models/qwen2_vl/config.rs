@@ -310,6 +310,16 @@ mod tests {
         assert_eq!(c.eos_token_ids, vec![490]);
     }
 
+    /// Qwen3-style configs state head_dim; it need not be hidden / heads.
+    #[test]
+    fn head_dim_is_read_when_stated() {
+        let j = qwen2_vl_json().replace("\"num_key_value_heads\":2,", "\"num_key_value_heads\":2,\"head_dim\":32,");
+        let j = j.replace("[2,3,3]", "[4,6,6]");
+        let c = Config::from_json_str(&j).unwrap();
+        assert_eq!(c.text.head_dim(), 32);
+        assert_eq!(Config::from_json_str(&qwen2_vl_json()).unwrap().text.head_dim(), 16);
+    }
+
     #[test]
     fn nested_text_config_wins() {
         let mut v: Value = serde_json::from_str(&qwen2_vl_json()).unwrap();
