@@ -13,7 +13,7 @@ use super::block_manager::{BlockManager, CacheStats};
 use super::error::{too_big, EngineError, EngineResult};
 use super::kv_pool::{num_blocks_for, KvMemory, KvPool};
 use super::paged_attention::{PagedStep, SeqRun};
-use super::request::{ChatRequest, PreparedMedia, PreparedRequest, RequestPreparer};
+use super::request::{check_prompt_len, ChatRequest, PreparedMedia, PreparedRequest, RequestPreparer};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence, Status};
 use super::vision_cache::VisionCache;
@@ -210,16 +210,7 @@ impl Engine {
         constraint: Option<Box<dyn TokenConstraint>>,
     ) -> EngineResult<SeqId> {
         sampling.validate().map_err(EngineError::bad_request)?;
-        if ids.is_empty() {
-            return Err(EngineError::bad("empty prompt"));
-        }
-        if ids.len() >= self.max_context {
-            return Err(EngineError::BadRequest(format!(
-                "prompt is {} tokens but the context window is {}",
-                ids.len(),
-                self.max_context
-            )));
-        }
+        check_prompt_len(ids.len(), self.max_context)?;
         let needed = self.bm.blocks_needed(0, ids.len() + 1);
         if needed > self.pool.num_blocks {
             return Err(too_big(needed, self.pool.num_blocks, ids.len(), self.model.spec()));

@@ -119,16 +119,7 @@ impl RequestPreparer {
         }
         let grids: Vec<MediaGrid> = media.iter().map(|m| m.grid.clone()).collect();
         let ids = self.processor.encode_prompt(&req.messages, &grids).map_err(EngineError::bad_request)?;
-        if ids.is_empty() {
-            return Err(EngineError::bad("empty prompt"));
-        }
-        if ids.len() >= self.max_context {
-            return Err(EngineError::BadRequest(format!(
-                "prompt is {} tokens but the context window is {}",
-                ids.len(),
-                self.max_context
-            )));
-        }
+        check_prompt_len(ids.len(), self.max_context)?;
         let mut sampling = req.sampling;
         if sampling.stop_token_ids.is_empty() {
             sampling.stop_token_ids = self.processor.tokenizer.stop_token_ids();
@@ -147,4 +138,15 @@ impl RequestPreparer {
             }
         })
     }
+}
+
+/// A prompt must be non-empty and leave room for at least one generated token.
+pub(crate) fn check_prompt_len(len: usize, max_context: usize) -> EngineResult<()> {
+    if len == 0 {
+        return Err(EngineError::bad("empty prompt"));
+    }
+    if len >= max_context {
+        return Err(EngineError::BadRequest(format!("prompt is {len} tokens but the context window is {max_context}")));
+    }
+    Ok(())
 }
