@@ -81,14 +81,14 @@ const OPTIONAL: [&str; 5] = [
 /// hub repo id (`org/name`), looked up in `opts.cache_dir` (offline) or fetched (online).
 pub fn resolve_with(model: &str, revision: Option<&str>, opts: &HubOptions) -> Result<ModelFiles> {
     if model.trim().is_empty() {
-        bail!("--model is empty: give a checkpoint directory or a Hugging Face repo id");
+        bail!("the model name is empty: give a checkpoint directory or a Hugging Face repo id");
     }
     let path = Path::new(model);
     if path.is_dir() {
         return resolve_dir(model, path);
     }
     if path.exists() {
-        bail!("--model {model} is a file; expected a checkpoint directory or a repo id");
+        bail!("model {model} is a file; expected a checkpoint directory or a repo id");
     }
     // Something that looks like a path but is missing is a typo, not a repo id.
     let looks_like_path = model.starts_with('.')
@@ -97,7 +97,7 @@ pub fn resolve_with(model: &str, revision: Option<&str>, opts: &HubOptions) -> R
         || model.contains('\\')
         || model.matches('/').count() > 1;
     if looks_like_path {
-        bail!("--model directory {model} does not exist");
+        bail!("model directory {model} does not exist");
     }
     let revision = revision.unwrap_or("main");
     if opts.offline {
@@ -233,7 +233,7 @@ fn resolve_cached(repo: &str, revision: &str, cache_dir: &Path) -> Result<ModelF
         bail!(
             "offline (HF_HUB_OFFLINE) and model {repo}@{revision} is not fully cached in {where_}; \
              missing: {}.\nTo provide it: on a connected machine run \
-             `huggingface-cli download {repo} --local-dir DIR`, copy DIR here and pass `--model DIR`; \
+             `huggingface-cli download {repo} --local-dir DIR`, copy DIR here and load it as a local directory; \
              or copy that machine's hub cache into {} (HF_HOME/hub or HF_HUB_CACHE)",
             missing.join(", "),
             cache_dir.display()

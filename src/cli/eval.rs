@@ -156,7 +156,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
         pipeline.labels = Some(data.name().to_string());
     }
     let cfg = pipeline.config()?;
-    let shard = a.shard.as_deref().map(eval::parse_shard).transpose()?;
+    let shard = a.shard.as_deref().map(eval::parse_shard).transpose().context("--shard")?;
     let total_items = a.limit.unwrap_or(items.len()).min(items.len());
     let selected = eval::select(items, a.limit, shard);
     if selected.is_empty() {

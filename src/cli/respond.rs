@@ -117,7 +117,7 @@ impl PipelineArgs {
             },
             max_field_chars: self.max_field_chars,
         };
-        cfg.validate()?;
+        cfg.validate().context("pipeline flags (--t-max and --top-k 0..=5, --max-field-chars ≥ 1, sampling)")?;
         Ok(cfg)
     }
 
@@ -167,7 +167,8 @@ pub fn cmd_respond(a: RespondArgs) -> Result<()> {
     }
     dialogue.frames.extend(a.frames.iter().cloned());
     let mut report = FrameReport::default();
-    let keyframes = frames::collect(&dialogue, &a.pipeline.frame_options(), &mut report)?;
+    let keyframes = frames::collect(&dialogue, &a.pipeline.frame_options(), &mut report)
+        .context("collecting keyframes (--skip-bad-media continues past unreadable media)")?;
     let prompts = a.pipeline.prompts()?;
     let memory = a.pipeline.memory()?;
     let trace_path = a.trace.clone().unwrap_or_else(|| {

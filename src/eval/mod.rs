@@ -70,10 +70,10 @@ pub struct Scorers {
 
 /// "K/N" with 1 ≤ K ≤ N.
 pub fn parse_shard(s: &str) -> Result<(usize, usize)> {
-    let (k, n) = s.split_once('/').with_context(|| format!("--shard {s:?}: expected K/N, e.g. 2/8"))?;
-    let (k, n): (usize, usize) = (k.trim().parse().context("--shard K")?, n.trim().parse().context("--shard N")?);
+    let (k, n) = s.split_once('/').with_context(|| format!("shard {s:?}: expected K/N, e.g. 2/8"))?;
+    let (k, n): (usize, usize) = (k.trim().parse().context("shard K")?, n.trim().parse().context("shard N")?);
     if n == 0 || k == 0 || k > n {
-        bail!("--shard {s}: need 1 ≤ K ≤ N");
+        bail!("shard {s}: need 1 ≤ K ≤ N");
     }
     Ok((k, n))
 }
@@ -284,7 +284,7 @@ fn prepare_out(out: &Path, spec: &RunSpec) -> Result<()> {
                 .filter(|(k, v)| old.get(k.as_str()) != Some(v))
                 .map(|(k, _)| k.clone())
                 .collect();
-            bail!("{} holds a run with different settings ({}); use another --out to start a new run", out.display(), diff.join(", "));
+            bail!("{} holds a run with different settings ({}); use another output folder to start a new run", out.display(), diff.join(", "));
         }
     } else {
         std::fs::write(&cfg, serde_json::to_string_pretty(spec)?).with_context(|| format!("writing {}", cfg.display()))?;
@@ -342,7 +342,7 @@ pub fn read_spec(dir: &Path) -> Result<RunSpec> {
 
 /// Combines shard runs into `out`: same settings apart from the shard, no conflicting records.
 pub fn merge(dirs: &[PathBuf], out: &Path) -> Result<Summary> {
-    let Some(first) = dirs.first() else { bail!("--merge needs at least one run folder") };
+    let Some(first) = dirs.first() else { bail!("merging needs at least one run folder") };
     let mut spec = read_spec(first)?;
     spec.shard = None;
     let mut all: HashMap<String, (Record, &Path)> = HashMap::new();

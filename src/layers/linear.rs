@@ -69,7 +69,13 @@ impl Module for Linear {
 /// Loads `weight` (and `bias` when `bias` is true) under `w`, checking the shape. A source
 /// that holds the weight quantized gives a quantized layer.
 pub fn linear(in_dim: usize, out_dim: usize, bias: bool, w: Weights) -> Result<Linear> {
-    let b = if bias { Some(w.get(out_dim, "bias")?) } else { None };
+    // The same initialisation hints as candle_nn::linear: file sources ignore them, generated
+    // (dummy) weights follow them, so a dummy model is random rather than all zeros.
+    let bound = 1. / (in_dim as f64).sqrt();
+    let b = match bias {
+        true => Some(w.vb().get_with_hints(out_dim, "bias", candle_nn::Init::Uniform { lo: -bound, up: bound })?),
+        false => None,
+    };
     match w.quantized("weight") {
         Some(q) => {
             let q = q?;
@@ -79,7 +85,7 @@ pub fn linear(in_dim: usize, out_dim: usize, bias: bool, w: Weights) -> Result<L
             }
             Linear::quantized(q, b)
         }
-        None => Ok(Linear::new(w.get((out_dim, in_dim), "weight")?, b)),
+        None => Ok(Linear::new(w.vb().get_with_hints((out_dim, in_dim), "weight", candle_nn::init::DEFAULT_KAIMING_NORMAL)?, b)),
     }
 }
 
@@ -110,6 +116,16 @@ mod tests {
         let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(err / scale < 2e-2, "q8_0 rel err {}", err / scale);
         assert_eq!(ours.forward(&x)?.dtype(), DType::F32);
+        Ok(())
+    }
+
+    /// Dummy weights give a random layer, not zeros (benchmarks depend on it).
+    #[test]
+    fn dummy_linear_is_random() -> Result<()> {
+        let l = linear(32, 16, true, Weights::dummy(DType::F32, &Device::Cpu))?;
+        let w = l.dense_weight().expect("dense");
+        let std = w.sqr()?.mean_all()?.to_scalar::<f32>()?.sqrt();
+        assert!(std > 1e-3, "weight std {std}");
         Ok(())
     }
 }

@@ -108,7 +108,7 @@ fn cap(out: &mut Vec<Keyframe>, opts: &FrameOptions, report: &mut FrameReport) {
     if out.len() > opts.max_frames {
         let n = out.len() - opts.max_frames;
         let dropped: Vec<Keyframe> = out.drain(..n).collect();
-        report.notes.push(format!("{} keyframes found, --max-frames {}: dropped the {n} oldest", n + opts.max_frames, opts.max_frames));
+        report.notes.push(format!("{} keyframes found, max_frames {}: dropped the {n} oldest", n + opts.max_frames, opts.max_frames));
         report.dropped.extend(dropped.into_iter().map(|f| f.source));
     }
     report.kept = out.iter().map(|f| f.source.clone()).collect();
@@ -123,7 +123,7 @@ pub fn fit_to_context(
     let before = frames.len();
     while !fits(frames)? {
         if frames.is_empty() {
-            bail!("the dialogue text alone does not fit the context window with the agents' token budget; shorten the history or lower --max-new-tokens");
+            bail!("the dialogue text alone does not fit the context window with the agents' token budget; shorten the history or lower max_new_tokens");
         }
         let f = frames.remove(0);
         report.dropped.push(f.source);
@@ -147,7 +147,7 @@ fn load_or_skip<T>(opts: &FrameOptions, report: &mut FrameReport, path: &Path, w
             Ok(vec![])
         }
         Err(e) => Err(e.context(format!(
-            "media of {} (pass --skip-bad-media to continue without it)",
+            "media of {} (skip_bad_media continues without it)",
             whose.map(|t| format!("turn {}", t + 1)).unwrap_or_else(|| "the dialogue".into())
         ))),
     }

@@ -129,16 +129,16 @@ impl PipelineConfig {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.t_max > 5 {
-            anyhow::bail!("--t-max must be 0..=5, got {}", self.t_max);
+            anyhow::bail!("t_max (refinement rounds) must be 0..=5, got {}", self.t_max);
         }
         if self.top_k > 5 {
-            anyhow::bail!("--top-k must be 0..=5, got {}", self.top_k);
+            anyhow::bail!("top_k (exemplars) must be 0..=5, got {}", self.top_k);
         }
         if self.labels.len() < 2 {
             anyhow::bail!("the emotion label set needs at least two labels, got {:?}", self.labels);
         }
         if self.max_field_chars == 0 {
-            anyhow::bail!("--max-field-chars must be at least 1");
+            anyhow::bail!("max_field_chars must be at least 1");
         }
         self.sampling.validate()
     }

@@ -254,7 +254,7 @@ impl Run<'_, '_> {
                 }
                 match parse::<ReplyOut>(&out) {
                     Some(r) => st.reply = Some((r.reply, lps)),
-                    None => bail!("SGRG produced no complete reply (finish: {:?}); raise --max-new-tokens: {}", rec.finish, rec.raw),
+                    None => bail!("SGRG produced no complete reply (finish: {:?}); raise max_new_tokens: {}", rec.finish, rec.raw),
                 }
             }
         }
