@@ -127,7 +127,7 @@ fn offline_missing_repo_explains_how_to_provide_it() {
         "tokenizer.json",
         "model.safetensors",
         "huggingface-cli download Qwen/Qwen2.5-VL-3B-Instruct --local-dir",
-        "--model DIR",
+        "load it as a local directory",
         "HF_HOME",
     ] {
         assert!(e.contains(needle), "missing {needle:?} in: {e}");
