@@ -244,6 +244,17 @@ fn handle_streams_tokens_and_abort_keeps_what_was_generated() {
     assert!(seen < 500);
     // The pool is whole again: a request needing most of it still runs.
     assert_eq!(t.handle.generate(mixed_request(5, 2)).unwrap().tokens.len(), 2);
+
+    // A stream dropped mid-generation (a client that went away) is aborted: its blocks return.
+    let gone = t.handle.submit(mixed_request(6, 500)).unwrap();
+    assert!(matches!(gone.next_event(), Some(Event::Token { .. })));
+    drop(gone);
+    let s = (0..500).map(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        t.handle.stats().unwrap()
+    });
+    let s = s.into_iter().find(|s| s.free_blocks == s.num_blocks).expect("the dropped request's blocks come back");
+    assert!(s.steps < 400, "it did not run its 500 tokens: {} steps", s.steps);
 }
 
 /// Preparing a request (tokens, four 448² keyframes preprocessed) happens on the submitting

@@ -67,6 +67,8 @@ pub struct EngineStats {
     pub steps: u64,
     pub preemptions: u64,
     pub num_blocks: usize,
+    /// Blocks not held by a request in flight (cached-but-unreferenced blocks count as free).
+    pub free_blocks: usize,
     pub block_size: usize,
 }
 
@@ -142,6 +144,7 @@ impl Engine {
             // Finished sequences' preemptions plus those of sequences still in flight.
             preemptions: self.preemptions + self.seqs.values().map(|s| s.preemptions as u64).sum::<u64>(),
             num_blocks: self.pool.num_blocks,
+            free_blocks: self.bm.num_available(),
             block_size: self.pool.block_size,
         }
     }

@@ -103,6 +103,14 @@ impl RequestStream {
     }
 }
 
+/// Dropping a stream before its end aborts the request (a client that went away), so the
+/// engine stops spending steps and blocks on it. After the end this is a no-op.
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Msg::Abort(self.id));
+    }
+}
+
 impl Iterator for RequestStream {
     type Item = Event;
     fn next(&mut self) -> Option<Event> {
