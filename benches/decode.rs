@@ -4,8 +4,8 @@
 
 use candle_core::{DType, Device};
 use criterion::{criterion_group, criterion_main, Criterion};
-use merg::generate::{forward_logits, prepare, VisionInput};
-use merg::models::{registry, DenseCache, Model, PromptInputs};
+use merg::generate::{decode_inputs, forward_logits, prepare, VisionInput};
+use merg::models::{registry, DenseCache, Model};
 use merg::weights::Weights;
 
 fn bench(c: &mut Criterion) {
@@ -23,11 +23,7 @@ fn bench(c: &mut Criterion) {
             let mut kv = DenseCache::new();
             forward_logits(model, &pre, &mut kv, 1).unwrap();
             for i in 0..16 {
-                let step = PromptInputs {
-                    embeds: model.embed_tokens(&[7]).unwrap(),
-                    positions: model.decode_positions(ids.len() + i, 1, pre.rope_delta),
-                    rope_delta: pre.rope_delta,
-                };
+                let step = decode_inputs(model, 7, ids.len() + i, pre.rope_delta).unwrap();
                 forward_logits(model, &step, &mut kv, 1).unwrap();
             }
         })

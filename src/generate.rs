@@ -240,6 +240,11 @@ pub fn forward_logits(model: &dyn Model, inputs: &PromptInputs, cache: &mut dyn 
     model.logits(&hidden.narrow(0, t - keep, keep)?)
 }
 
+/// Decoder inputs of one generated token `tok` continuing after `past` tokens.
+pub fn decode_inputs(model: &dyn Model, tok: u32, past: usize, rope_delta: i64) -> Result<PromptInputs> {
+    Ok(PromptInputs { embeds: model.embed_tokens(&[tok])?, positions: model.decode_positions(past, 1, rope_delta), rope_delta })
+}
+
 /// Prompt + continuation for one request on a private dense cache: the reference the paged
 /// engine is tested against.
 pub fn generate(
@@ -285,11 +290,7 @@ pub fn generate_constrained(
             out.finish = f;
             break;
         }
-        let step = PromptInputs {
-            embeds: model.embed_tokens(&[tok])?,
-            positions: model.decode_positions(past, 1, inputs.rope_delta),
-            rope_delta: inputs.rope_delta,
-        };
+        let step = decode_inputs(model, tok, past, inputs.rope_delta)?;
         logits = forward_logits(model, &step, &mut cache, 1)?.squeeze(0)?;
         past += 1;
     }

@@ -7,12 +7,12 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use merg::checkpoint::{parse_device, Checkpoint};
-use merg::generate::{forward_logits, VisionInput};
-use merg::models::{registry, DenseCache, Model, PromptInputs};
-use merg::weights::{parse_dtype, Weights};
+use merg::checkpoint::Checkpoint;
+use merg::generate::{decode_inputs, forward_logits, VisionInput};
+use merg::models::{registry, DenseCache};
+use merg::weights::Weights;
 
-use super::EngineArgs;
+use super::{device_and_dtype, EngineArgs};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -71,8 +71,8 @@ pub struct BenchAgentsArgs {
 }
 
 pub fn cmd_bench(a: BenchArgs) -> Result<()> {
-    let device = parse_device(&a.device).map_err(|e| anyhow::anyhow!("--device: {e:#}"))?;
-    let dtype = a.dtype.as_deref().map(parse_dtype).transpose()?.unwrap_or_else(|| merg::weights::default_dtype(&device));
+    let (device, dtype) = device_and_dtype(&a.device, a.dtype.as_deref())?;
+    let dtype = dtype.unwrap_or_else(|| merg::weights::default_dtype(&device));
     let (config, weights) = match (&a.config, &a.model) {
         (Some(c), _) => (registry::read_config(c)?, Weights::dummy(dtype, &device)),
         (None, Some(m)) => {
@@ -122,11 +122,6 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Inputs of one generated token continuing after `past` tokens.
-fn decode_inputs(model: &dyn Model, tok: u32, past: usize, rope_delta: i64) -> Result<PromptInputs> {
-    Ok(PromptInputs { embeds: model.embed_tokens(&[tok])?, positions: model.decode_positions(past, 1, rope_delta), rope_delta })
-}
-
 fn default_tokenizer() -> Option<PathBuf> {
     let base = std::env::var_os("MERG_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("../shared/data"));
     let p = base.join("qwen2-tokenizer/tokenizer.json");
@@ -134,8 +129,7 @@ fn default_tokenizer() -> Option<PathBuf> {
 }
 
 pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
-    let device = parse_device(&a.device)?;
-    let dtype = a.dtype.as_deref().map(parse_dtype).transpose()?;
+    let (device, dtype) = device_and_dtype(&a.device, a.dtype.as_deref())?;
     let cfg = a.engine.config()?;
     let frames: Vec<image::RgbImage> = (0..a.keyframes)
         .map(|k| match &a.keyframe {

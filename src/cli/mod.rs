@@ -91,9 +91,15 @@ impl SamplingArgs {
     }
 }
 
+/// `--device` and `--dtype` (None: the device's default), each error naming its flag.
+pub fn device_and_dtype(device: &str, dtype: Option<&str>) -> Result<(candle_core::Device, Option<candle_core::DType>)> {
+    let device = parse_device(device).map_err(|e| anyhow::anyhow!("--device: {e:#}"))?;
+    let dtype = dtype.map(parse_dtype).transpose().map_err(|e| anyhow::anyhow!("--dtype: {e:#}"))?;
+    Ok((device, dtype))
+}
+
 pub fn load_checkpoint(m: &ModelArgs) -> Result<Checkpoint> {
-    let device = parse_device(&m.device).map_err(|e| anyhow::anyhow!("--device: {e:#}"))?;
-    let dtype = m.dtype.as_deref().map(parse_dtype).transpose().map_err(|e| anyhow::anyhow!("--dtype: {e:#}"))?;
+    let (device, dtype) = device_and_dtype(&m.device, m.dtype.as_deref())?;
     let files = merg::hub::resolve(&m.model, m.revision.as_deref())?;
     Checkpoint::load(files, &device, dtype)
 }

@@ -16,7 +16,7 @@ use super::paged_attention::{PagedStep, SeqRun};
 use super::request::{check_prompt_len, ChatRequest, PreparedMedia, PreparedRequest, RequestPreparer};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence, Status};
-use super::vision_cache::VisionCache;
+use super::vision_cache::{lock, VisionCache};
 use crate::checkpoint::Checkpoint;
 use crate::generate::{sample_step, FinishReason, Sampler, SamplingParams, TokenConstraint};
 use crate::models::{Model, PromptInputs, RecurrentState};
@@ -93,7 +93,6 @@ pub struct Engine {
     /// Media items the engine thread had to preprocess itself (a cached item evicted between
     /// preparation and admission); normally 0.
     late_preprocessing: u64,
-    max_context: usize,
 }
 
 impl Engine {
@@ -120,7 +119,6 @@ impl Engine {
             steps: 0,
             preemptions: 0,
             late_preprocessing: 0,
-            max_context,
         })
     }
 
@@ -151,7 +149,7 @@ impl Engine {
 
     /// Context window requests are held to.
     pub fn max_context(&self) -> usize {
-        self.max_context
+        self.preparer.max_context()
     }
 
     pub fn num_free_blocks(&self) -> usize {
@@ -213,7 +211,7 @@ impl Engine {
         constraint: Option<Box<dyn TokenConstraint>>,
     ) -> EngineResult<SeqId> {
         sampling.validate().map_err(EngineError::bad_request)?;
-        check_prompt_len(ids.len(), self.max_context)?;
+        check_prompt_len(ids.len(), self.max_context())?;
         let needed = self.bm.blocks_needed(0, ids.len() + 1);
         if needed > self.pool.num_blocks {
             return Err(too_big(needed, self.pool.num_blocks, ids.len(), self.model.spec()));
@@ -244,7 +242,7 @@ impl Engine {
             cached_tokens: 0,
             admitted_once: false,
             preemptions: 0,
-            max_context: self.max_context,
+            max_context: self.max_context(),
         };
         self.seqs.insert(id, seq);
         self.scheduler.add(id);
@@ -380,10 +378,6 @@ impl Engine {
             .map(|r| r.and_then(|id| results.remove(&id).ok_or_else(|| EngineError::Internal(format!("request {id} vanished")))))
             .collect()
     }
-}
-
-fn lock(c: &Mutex<VisionCache>) -> anyhow::Result<std::sync::MutexGuard<'_, VisionCache>> {
-    c.lock().map_err(|_| anyhow::anyhow!("vision cache poisoned"))
 }
 
 /// Embeddings of tokens `a..b`: the stored prompt embeddings, then plain token embeddings for

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::constraint::ConstraintFactory;
 use super::error::{EngineError, EngineResult};
-use super::vision_cache::{content_hash, VisionCache};
+use super::vision_cache::{content_hash, lock, VisionCache};
 use crate::chat::Message;
 use crate::generate::{SamplingParams, TokenConstraint};
 use crate::models::MediaGrid;
@@ -129,7 +129,7 @@ impl RequestPreparer {
 
     fn prepare_media(&self, m: Media) -> anyhow::Result<PreparedMedia> {
         let key = content_hash(&m);
-        let cached = self.vision_cache.lock().map_err(|_| anyhow::anyhow!("vision cache poisoned"))?.grid_of(key);
+        let cached = lock(&self.vision_cache)?.grid_of(key);
         Ok(match cached {
             Some(grid) => PreparedMedia { key, grid, patches: None, source: Some(m) },
             None => {

@@ -32,6 +32,11 @@ pub fn content_hash(m: &Media) -> u64 {
     h.finish().max(1)
 }
 
+/// Locks a cache shared between the engine and the request preparers.
+pub(crate) fn lock(c: &std::sync::Mutex<VisionCache>) -> anyhow::Result<std::sync::MutexGuard<'_, VisionCache>> {
+    c.lock().map_err(|_| anyhow::anyhow!("vision cache poisoned"))
+}
+
 pub struct VisionCache {
     capacity: usize,
     tick: u64,
