@@ -58,6 +58,7 @@ pub mod models;
 pub mod pipeline;
 pub mod processor;
 pub mod report;
+pub mod serve;
 pub mod tokenizer;
 pub mod vision;
 pub mod weights;

@@ -30,6 +30,8 @@ enum Cmd {
     Eval(Box<cli::eval::EvalArgs>),
     /// Build the exemplar memory for SGRG from a held-out split (MELD dev, IEMOCAP Session 2).
     Memory(cli::eval::MemoryArgs),
+    /// Serve the model over HTTP: OpenAI and Ollama APIs plus /v1/merg/respond.
+    Serve(Box<cli::serve::ServeArgs>),
     /// Tables, figures and human-evaluation sheets from eval run folders.
     Report(cli::report::ReportArgs),
 }
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Cmd::Respond(a) => cli::respond::cmd_respond(a),
         Cmd::Eval(a) => cli::eval::cmd_eval(*a),
         Cmd::Memory(a) => cli::eval::cmd_memory(a),
+        Cmd::Serve(a) => cli::serve::cmd_serve(*a),
         Cmd::Report(a) => cli::report::cmd_report(a),
     };
     match result {

@@ -8,6 +8,7 @@ pub mod generate;
 pub mod info;
 pub mod report;
 pub mod respond;
+pub mod serve;
 
 use anyhow::Result;
 use clap::Args;

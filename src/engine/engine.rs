@@ -70,6 +70,10 @@ pub struct EngineStats {
     /// Blocks not held by a request in flight (cached-but-unreferenced blocks count as free).
     pub free_blocks: usize,
     pub block_size: usize,
+    /// Requests queued but not yet admitted (the engine's queue depth).
+    pub waiting: usize,
+    /// Requests being prefilled or decoded.
+    pub running: usize,
 }
 
 /// What one step produced: every token sampled (in step order) and the requests that ended.
@@ -144,6 +148,8 @@ impl Engine {
             num_blocks: self.pool.num_blocks,
             free_blocks: self.bm.num_available(),
             block_size: self.pool.block_size,
+            waiting: self.scheduler.counts().0,
+            running: self.scheduler.counts().1,
         }
     }
 

@@ -67,6 +67,10 @@ impl Drop for EngineThread {
     }
 }
 
+/// The stream has delivered its last event (or the engine is gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamEnded;
+
 /// The events of one request, with a way to abort it.
 pub struct RequestStream {
     id: RequestId,
@@ -82,6 +86,16 @@ impl RequestStream {
     /// Next event; `None` once the stream has ended.
     pub fn next_event(&self) -> Option<Event> {
         self.rx.recv().ok()
+    }
+
+    /// Next event if one arrives within `timeout`: `Ok(None)` on timeout, `Err(())` once the
+    /// stream has ended. Lets a caller poll for its own cancellation (a client gone away).
+    pub fn next_event_timeout(&self, timeout: std::time::Duration) -> Result<Option<Event>, StreamEnded> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(e) => Ok(Some(e)),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(StreamEnded),
+        }
     }
 
     /// Stops generation; the stream then ends with `Finished` (reason `Aborted`, the tokens so

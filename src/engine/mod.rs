@@ -28,6 +28,6 @@ pub mod vision_cache;
 
 pub use engine::{Completion, Engine, EngineConfig, EngineStats, StepOutput};
 pub use error::{EngineError, EngineResult};
-pub use handle::{EngineHandle, EngineThread, Event, RequestId, RequestStream};
+pub use handle::{EngineHandle, EngineThread, Event, RequestId, RequestStream, StreamEnded};
 pub use kv_pool::KvMemory;
 pub use request::{ChatRequest, PreparedRequest, RequestPreparer};

@@ -45,6 +45,11 @@ impl Scheduler {
         self.waiting.push_back(id);
     }
 
+    /// (waiting, running) sequence counts.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.waiting.len(), self.running.len())
+    }
+
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
     }

@@ -61,7 +61,7 @@ pub fn collect(d: &Dialogue, opts: &FrameOptions, report: &mut FrameReport) -> R
     if let Some(v) = &d.video {
         out.extend(keyframes(None, load_or_skip(opts, report, v, None, |p| video_frames(p, opts.max_frames.max(1)))?));
     }
-    cap(&mut out, opts, report);
+    cap(&mut out, |f| f.source.clone(), opts, report);
     Ok(out)
 }
 
@@ -89,7 +89,7 @@ pub fn from_recording(path: &Path, spans: &[(f64, f64)], until: f64, opts: &Fram
         .zip(&times)
         .map(|((t, image), (_, ti))| Keyframe { turn: Some(*ti), source: format!("{}@{t:.2}s", path.display()), image })
         .collect();
-    cap(&mut out, opts, report);
+    cap(&mut out, |f| f.source.clone(), opts, report);
     Ok(out)
 }
 
@@ -104,14 +104,15 @@ fn recording_frames(path: &Path, _times: &[f64]) -> Result<Vec<(f64, RgbImage)>>
 }
 
 /// Keeps the `max_frames` most recent keyframes.
-fn cap(out: &mut Vec<Keyframe>, opts: &FrameOptions, report: &mut FrameReport) {
+/// Keeps the `max_frames` most recent items (keyframes, or sources not decoded yet).
+pub(crate) fn cap<T>(out: &mut Vec<T>, source: impl Fn(&T) -> String, opts: &FrameOptions, report: &mut FrameReport) {
     if out.len() > opts.max_frames {
         let n = out.len() - opts.max_frames;
-        let dropped: Vec<Keyframe> = out.drain(..n).collect();
+        let dropped: Vec<T> = out.drain(..n).collect();
         report.notes.push(format!("{} keyframes found, max_frames {}: dropped the {n} oldest", n + opts.max_frames, opts.max_frames));
-        report.dropped.extend(dropped.into_iter().map(|f| f.source));
+        report.dropped.extend(dropped.iter().map(&source));
     }
-    report.kept = out.iter().map(|f| f.source.clone()).collect();
+    report.kept = out.iter().map(source).collect();
 }
 
 /// Drops the oldest frames until `fits` accepts the rest (the text alone must fit).
@@ -162,7 +163,7 @@ fn keyframes(turn: Option<usize>, frames: Vec<(String, RgbImage)>) -> impl Itera
 }
 
 /// `n` evenly spaced items, always including the last (closest to the reply).
-fn evenly<T>(items: &[T], n: usize) -> Vec<&T> {
+pub(crate) fn evenly<T>(items: &[T], n: usize) -> Vec<&T> {
     if n == 0 || items.is_empty() {
         return vec![];
     }

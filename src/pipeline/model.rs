@@ -2,7 +2,8 @@
 //! count for context budgeting, and prefix-cache counters for the trace. The engine handle is
 //! the real implementation; orchestration tests use a scripted double.
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use serde::Serialize;
@@ -10,7 +11,7 @@ use serde_json::Value;
 
 use crate::chat::{ContentPart, Message};
 use crate::engine::block_manager::CacheStats;
-use crate::engine::{ChatRequest, EngineHandle};
+use crate::engine::{ChatRequest, Completion, EngineError, EngineHandle, Event};
 use crate::generate::{FinishReason, SamplingParams};
 use crate::vision::Media;
 
@@ -57,11 +58,39 @@ pub fn media_dims(media: &[Media]) -> Vec<(usize, usize, usize)> {
 /// decoding run on the caller's thread with the handle's preparer, never between steps.
 pub struct EngineModel {
     pub handle: EngineHandle,
+    /// When set, the call in flight is aborted and later calls fail (a server's client went
+    /// away, or the server is shutting down).
+    cancel: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
 }
 
 impl EngineModel {
     pub fn new(handle: EngineHandle) -> Result<Self> {
-        Ok(EngineModel { handle })
+        Ok(EngineModel { handle, cancel: None })
+    }
+
+    /// Calls stop as soon as `cancel` returns true (polled every 50 ms while a call runs).
+    pub fn with_cancel(handle: EngineHandle, cancel: Arc<dyn Fn() -> bool + Send + Sync>) -> Self {
+        EngineModel { handle, cancel: Some(cancel) }
+    }
+
+    fn complete(&self, req: ChatRequest) -> Result<Completion> {
+        let Some(cancel) = &self.cancel else { return Ok(self.handle.generate(req)?) };
+        let cancelled = || anyhow::anyhow!("the pipeline run was cancelled");
+        if cancel() {
+            return Err(cancelled());
+        }
+        let stream = self.handle.submit(req)?;
+        loop {
+            match stream.next_event_timeout(Duration::from_millis(50)) {
+                Ok(Some(Event::Finished(c))) if c.finish != FinishReason::Aborted => return Ok(c),
+                Ok(Some(Event::Finished(_))) => return Err(cancelled()),
+                Ok(Some(Event::Error(e))) => return Err(e.into()),
+                Ok(Some(Event::Token { .. })) => {}
+                Ok(None) if cancel() => stream.abort(),
+                Ok(None) => {}
+                Err(_) => return Err(EngineError::ShutDown.into()),
+            }
+        }
     }
 }
 
@@ -69,7 +98,7 @@ impl AgentModel for EngineModel {
     fn call(&self, call: AgentCall) -> Result<AgentReply> {
         let t = Instant::now();
         let req = ChatRequest::new(call.messages, call.media, call.sampling).with_schema(call.schema);
-        let c = self.handle.generate(req)?;
+        let c = self.complete(req)?;
         Ok(AgentReply {
             text: c.text,
             tokens: c.tokens,

@@ -1,0 +1,158 @@
+//! `merg serve`: the engine as a local HTTP service (OpenAI and Ollama APIs, MERG's respond
+//! endpoint). Flags set the limits and the pipeline defaults; the library does the serving.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use merg::engine::{EngineConfig, EngineThread};
+use merg::serve::{self, AppState, Limits, ModelInfo, ServeConfig};
+
+use super::respond::PipelineArgs;
+use super::{load_checkpoint, EngineArgs, ModelArgs};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on; anything but loopback needs --api-key-file.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0 picks a free one; the address is printed once listening).
+    #[arg(long, default_value_t = 11435)]
+    port: u16,
+    /// File holding the API key clients must send as `Authorization: Bearer <key>`.
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Model name clients use (default: the --model argument's last path component).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Largest request body, MiB.
+    #[arg(long, default_value_t = 32)]
+    max_body_mib: usize,
+    /// Images per request.
+    #[arg(long, default_value_t = 16)]
+    max_images: usize,
+    /// Pixels per image (width × height), checked before decoding.
+    #[arg(long, default_value_t = 4096 * 4096)]
+    max_image_pixels: u64,
+    /// Largest max_tokens / num_predict a request may ask for (and the default).
+    #[arg(long, default_value_t = 4096)]
+    max_tokens: usize,
+    /// Requests in flight before new ones get 429.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Seconds in-flight requests may run after SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 30.0)]
+    shutdown_grace: f64,
+    /// Context window (default: the model's max_position_embeddings).
+    #[arg(long)]
+    max_context: Option<usize>,
+    /// Defaults of /v1/merg/respond (requests override them per call).
+    #[command(flatten)]
+    pipeline: PipelineArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+pub fn cmd_serve(a: ServeArgs) -> Result<()> {
+    let addr: SocketAddr = format!("{}:{}", a.host, a.port)
+        .parse()
+        .or_else(|_| format!("[{}]:{}", a.host, a.port).parse())
+        .with_context(|| format!("--host {:?} is not an IP address", a.host))?;
+    let api_key = a.api_key_file.as_deref().map(read_key).transpose()?;
+    serve::check_bind(&addr, api_key.is_some()).context("give the server an API key with --api-key-file, or bind 127.0.0.1")?;
+    let limits = Limits {
+        max_body_bytes: a.max_body_mib.max(1) << 20,
+        max_images: a.max_images,
+        max_image_pixels: a.max_image_pixels,
+        max_tokens: a.max_tokens.max(1),
+        max_queue: a.max_queue.max(1),
+    };
+    let pipeline = a.pipeline.config()?;
+    let (prompts, memory) = (a.pipeline.prompts()?, a.pipeline.memory()?);
+    let ckpt = load_checkpoint(&a.model)?;
+    let info = model_info(&ckpt);
+    let engine = merg::engine::Engine::new(ckpt, EngineConfig { max_context: a.max_context, ..a.engine.config()? })?;
+    let thread = EngineThread::spawn(engine);
+    let model_name = a.served_model_name.clone().unwrap_or_else(|| default_name(&a.model.model));
+    let cfg = ServeConfig {
+        model_name: model_name.clone(),
+        api_key,
+        limits,
+        shutdown_grace: Duration::from_secs_f64(a.shutdown_grace.max(0.0)),
+        pipeline,
+        frames: a.pipeline.frame_options(),
+        prompts,
+        memory,
+        info,
+    };
+    let state = AppState::new(thread.handle.clone(), cfg);
+    let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!("merg serve: listening on http://{local} (model {model_name:?})");
+        serve::serve(listener, state, shutdown_signal()).await.context("serving")
+    })?;
+    drop(thread);
+    eprintln!("merg serve: shut down");
+    Ok(())
+}
+
+/// The key, trimmed; an empty file is an error (it would accept an empty bearer token).
+fn read_key(path: &std::path::Path) -> Result<String> {
+    let key = std::fs::read_to_string(path).with_context(|| format!("--api-key-file {}", path.display()))?;
+    let key = key.trim().to_string();
+    if key.is_empty() {
+        anyhow::bail!("--api-key-file {} is empty", path.display());
+    }
+    Ok(key)
+}
+
+fn model_info(ckpt: &merg::Checkpoint) -> ModelInfo {
+    let weight_bytes = ckpt.files.as_ref().map(|f| f.weights.iter().filter_map(|w| std::fs::metadata(w).ok()).map(|m| m.len()).sum()).unwrap_or(0);
+    ModelInfo {
+        family: ckpt.model.spec().model_type.clone(),
+        dtype: format!("{:?}", ckpt.model.dtype()).to_lowercase(),
+        weight_bytes,
+        chat_template: ckpt.tokenizer().chat_template().map(|t| t.source().to_string()).unwrap_or_default(),
+    }
+}
+
+/// `Qwen/Qwen2.5-VL-7B-Instruct` stays as it is; a directory gives its last component.
+fn default_name(model: &str) -> String {
+    let p = std::path::Path::new(model);
+    if p.is_dir() {
+        if let Some(n) = p.canonicalize().ok().and_then(|c| c.file_name().map(|n| n.to_string_lossy().into_owned())) {
+            return n;
+        }
+    }
+    model.to_string()
+}
+
+/// SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("merg serve: shutdown signal received");
+}

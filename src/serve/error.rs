@@ -1,0 +1,90 @@
+//! Errors as each API's clients expect them: OpenAI's `{"error": {"message", "type", "code"}}`
+//! (also used by MERG's endpoint) or Ollama's `{"error": "..."}`, with the HTTP status that
+//! says whose fault it is. Messages name the input and the limit.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::engine::EngineError;
+
+/// Which API's error shape to answer in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    OpenAi,
+    Ollama,
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub flavor: Flavor,
+    pub status: u16,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(flavor: Flavor, status: u16, message: impl Into<String>) -> Self {
+        ApiError { flavor, status, message: message.into() }
+    }
+
+    pub fn bad(flavor: Flavor, message: impl Into<String>) -> Self {
+        Self::new(flavor, 400, message)
+    }
+
+    pub fn engine(flavor: Flavor, e: EngineError) -> Self {
+        Self::new(flavor, e.status(), e.to_string())
+    }
+
+    /// The body as the flavor's clients parse it.
+    pub fn body(&self) -> serde_json::Value {
+        match self.flavor {
+            Flavor::Ollama => json!({ "error": self.message }),
+            Flavor::OpenAi => {
+                let kind = match self.status {
+                    401 => "authentication_error",
+                    404 => "not_found_error",
+                    429 => "rate_limit_error",
+                    400..=499 => "invalid_request_error",
+                    _ => "server_error",
+                };
+                json!({ "error": { "message": self.message, "type": kind, "code": self.status } })
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        tracing::info!(status = self.status, error = %self.message, "request refused");
+        let mut resp = (status, axum::Json(self.body())).into_response();
+        if matches!(self.status, 429 | 503) {
+            resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+/// The request body as `T`: 413 naming the limit when it is too large, 400 naming the field
+/// and the problem when it is not the JSON the endpoint takes.
+pub fn parse_body<T: DeserializeOwned>(flavor: Flavor, body: Result<Bytes, BytesRejection>, limit: usize) -> Result<T, ApiError> {
+    let bytes = body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::new(flavor, 413, format!("the request body exceeds the server's limit of {} bytes ({} MiB)", limit, limit >> 20))
+        }
+        s => ApiError::new(flavor, s.as_u16(), format!("could not read the request body: {}", e.body_text())),
+    })?;
+    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() || path == "." || path.is_empty() {
+            ApiError::bad(flavor, format!("request body is not valid JSON for this endpoint: {inner}"))
+        } else {
+            ApiError::bad(flavor, format!("request body, field {path}: {inner}"))
+        }
+    })
+}

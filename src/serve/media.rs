@@ -1,0 +1,92 @@
+//! Inline images: OpenAI `data:` URLs and Ollama's bare base64, decoded under the server's
+//! limits. The image header is read first, so an oversized image is refused before a single
+//! pixel is allocated. Remote URLs are refused: the server never fetches from the network.
+
+use std::io::Cursor;
+
+use base64::Engine as _;
+use image::{ImageReader, RgbImage};
+
+use super::Limits;
+
+/// The image a `data:image/...;base64,` URL carries.
+pub fn from_data_url(url: &str, what: &str, limits: &Limits) -> Result<RgbImage, String> {
+    let lower = url.get(..12).unwrap_or(url).to_ascii_lowercase();
+    if !lower.starts_with("data:") {
+        let scheme = url.split(':').next().unwrap_or("");
+        return Err(format!(
+            "{what}: only inline images are accepted (data:image/...;base64,...); {scheme:?} URLs are refused because the server does not fetch from the network"
+        ));
+    }
+    let (head, payload) = url[5..].split_once(',').ok_or_else(|| format!("{what}: a data URL needs a comma before its payload"))?;
+    if !head.to_ascii_lowercase().ends_with(";base64") {
+        return Err(format!("{what}: the data URL must be base64-encoded (data:image/png;base64,...), got {head:?}"));
+    }
+    from_base64(payload, what, limits)
+}
+
+/// A base64-encoded image file (PNG, JPEG, WebP, BMP).
+pub fn from_base64(b64: &str, what: &str, limits: &Limits) -> Result<RgbImage, String> {
+    let clean: String = b64.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(clean.as_bytes())
+        .map_err(|e| format!("{what}: not valid base64 ({e})"))?;
+    decode(&bytes, what, limits)
+}
+
+fn decode(bytes: &[u8], what: &str, limits: &Limits) -> Result<RgbImage, String> {
+    let reader = || ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| format!("{what}: {e}"));
+    let (w, h) = reader()?.into_dimensions().map_err(|e| format!("{what}: not a readable image ({e})"))?;
+    let pixels = w as u64 * h as u64;
+    if pixels == 0 {
+        return Err(format!("{what}: the image is empty ({w}×{h})"));
+    }
+    if pixels > limits.max_image_pixels {
+        return Err(format!("{what}: the image is {w}×{h} = {pixels} pixels; the server's limit is {} pixels", limits.max_image_pixels));
+    }
+    let mut r = reader()?;
+    let mut lim = image::Limits::default();
+    lim.max_image_width = Some(w);
+    lim.max_image_height = Some(h);
+    lim.max_alloc = Some(pixels * 16 + (1 << 20));
+    r.limits(lim);
+    let img = r.decode().map_err(|e| format!("{what}: the image could not be decoded ({e})"))?;
+    Ok(img.to_rgb8())
+}
+
+/// 400 when a request carries more images than the server takes.
+pub fn check_count(n: usize, limits: &Limits) -> Result<(), String> {
+    if n > limits.max_images {
+        return Err(format!("the request has {n} images; the server's limit is {} per request", limits.max_images));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png(w: u32, h: u32) -> String {
+        let img = RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 7]));
+        let mut buf = Cursor::new(vec![]);
+        img.write_to(&mut buf, image::ImageFormat::Png).unwrap();
+        base64::engine::general_purpose::STANDARD.encode(buf.into_inner())
+    }
+
+    #[test]
+    fn data_urls_decode_and_bad_ones_say_why() {
+        let l = Limits::default();
+        let img = from_data_url(&format!("data:image/png;base64,{}", png(5, 3)), "image 1", &l).unwrap();
+        assert_eq!(img.dimensions(), (5, 3));
+        let e = from_data_url("https://example.com/a.png", "image 1", &l).unwrap_err();
+        assert!(e.contains("image 1") && e.contains("\"https\"") && e.contains("network"), "{e}");
+        let e = from_base64("@@@", "image 2", &l).unwrap_err();
+        assert!(e.contains("image 2") && e.contains("base64"), "{e}");
+        let e = from_base64(&base64::engine::general_purpose::STANDARD.encode(b"not an image"), "image 3", &l).unwrap_err();
+        assert!(e.contains("image 3") && e.contains("image"), "{e}");
+        let small = Limits { max_image_pixels: 10, ..Limits::default() };
+        let e = from_base64(&png(5, 3), "image 4", &small).unwrap_err();
+        assert!(e.contains("5×3 = 15 pixels") && e.contains("limit is 10"), "{e}");
+        assert!(check_count(17, &l).unwrap_err().contains("limit is 16"));
+    }
+}

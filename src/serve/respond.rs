@@ -1,0 +1,181 @@
+//! `POST /v1/merg/respond`: the dialogue JSON of `merg respond`, with keyframes inline as
+//! base64 images instead of file paths, through the five-agent pipeline; answers the reply and
+//! the trace. Concurrent dialogues batch in the engine like any other requests. The server
+//! reads no files for a client: paths and videos are refused. `pipeline` overrides fields of
+//! the server's pipeline defaults; `frames` the keyframe policy.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::parse_body;
+use super::{media, merge_json, ApiError, AppState, Flavor};
+use crate::data::labels::LabelSet;
+use crate::dialogue::{Dialogue, Turn};
+use crate::engine::EngineError;
+use crate::pipeline::frames::{cap, evenly, FrameOptions, FrameReport, Keyframe};
+use crate::pipeline::model::EngineModel;
+use crate::pipeline::{Pipeline, PipelineConfig};
+
+const F: Flavor = Flavor::OpenAi;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RespondReq {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub dialogue: InlineDialogue,
+    /// Fields of the pipeline configuration to override (`t_max`, `use_gra`, `sampling`, ...).
+    #[serde(default)]
+    pub pipeline: Option<Value>,
+    #[serde(default)]
+    pub frames: Option<FramesReq>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InlineDialogue {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub turns: Vec<InlineTurn>,
+    pub next_speaker: String,
+    /// Keyframes of the whole dialogue (base64 images, time order).
+    #[serde(default)]
+    pub frames: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InlineTurn {
+    pub speaker: String,
+    #[serde(alias = "utterance", alias = "Utterance")]
+    pub text: String,
+    /// Keyframes of this turn (base64 images, time order).
+    #[serde(default)]
+    pub frames: Vec<String>,
+    #[serde(default)]
+    pub emotion: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FramesReq {
+    pub frames_per_turn: Option<usize>,
+    pub max_frames: Option<usize>,
+    pub skip_bad_media: Option<bool>,
+}
+
+/// Sets its flag when dropped: the handler's future was dropped, so the client went away.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+pub async fn respond(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+    let req: RespondReq = parse_body(F, body, state.cfg.limits.max_body_bytes)?;
+    if let Some(m) = &req.model {
+        state.check_model(F, m)?;
+    }
+    let cfg = pipeline_config(&state.cfg.pipeline, req.pipeline.as_ref())?;
+    let f = req.frames.unwrap_or_default();
+    let d = &state.cfg.frames;
+    let opts = FrameOptions {
+        frames_per_turn: f.frames_per_turn.unwrap_or(d.frames_per_turn),
+        max_frames: f.max_frames.unwrap_or(d.max_frames),
+        skip_bad_media: f.skip_bad_media.unwrap_or(d.skip_bad_media),
+    };
+    let slot = state.acquire(F)?;
+    let gone = Arc::new(AtomicBool::new(false));
+    let _guard = CancelOnDrop(gone.clone());
+    let st = state.clone();
+    let run = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        let (dialogue, keyframes, report) = inline_dialogue(req.dialogue, &opts, &st.cfg.limits)?;
+        dialogue.validate().map_err(|e| ApiError::bad(F, format!("dialogue: {e:#}")))?;
+        let st2 = st.clone();
+        let model = EngineModel::with_cancel(st.handle.clone(), Arc::new(move || gone.load(Ordering::SeqCst) || st2.cancelled()));
+        let pipeline = Pipeline { model: &model, prompts: &st.cfg.prompts, memory: st.cfg.memory.as_ref(), cfg: &cfg };
+        let trace = pipeline.respond(&dialogue, keyframes, report).map_err(pipeline_error)?;
+        let t = &trace.totals;
+        st.metrics.record(t.calls, t.prompt_tokens, t.cached_tokens, t.generated_tokens);
+        Ok::<_, ApiError>(json!({"reply": trace.reply, "emotion": trace.emotion, "trace": trace}))
+    });
+    let out = run.await.map_err(|e| ApiError::new(F, 500, format!("the pipeline run failed: {e}")))??;
+    Ok(Json(out))
+}
+
+/// The server's defaults with the request's overrides; unknown settings are refused (a typo
+/// must not silently run the default). `labels` may be a set name or a list.
+fn pipeline_config(base: &PipelineConfig, over: Option<&Value>) -> Result<PipelineConfig, ApiError> {
+    let Some(over) = over else { return Ok(base.clone()) };
+    let Value::Object(fields) = over else { return Err(ApiError::bad(F, "pipeline must be an object of settings")) };
+    let mut merged = serde_json::to_value(base).map_err(|e| ApiError::new(F, 500, e.to_string()))?;
+    let known: Vec<String> = merged.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+    let mut over = over.clone();
+    for k in fields.keys() {
+        if !known.contains(k) {
+            return Err(ApiError::bad(F, format!("pipeline: unknown setting {k:?}; known: {}", known.join(", "))));
+        }
+    }
+    if let Some(Value::String(spec)) = fields.get("labels") {
+        let set = LabelSet::from_spec(spec).map_err(|e| ApiError::bad(F, format!("pipeline.labels: {e:#}")))?;
+        over["labels"] = json!(set.labels);
+    }
+    merge_json(&mut merged, &over);
+    let cfg: PipelineConfig = serde_path_to_error::deserialize(merged).map_err(|e| ApiError::bad(F, format!("pipeline.{}: {}", e.path(), e.inner())))?;
+    cfg.validate().map_err(|e| ApiError::bad(F, format!("pipeline: {e:#}")))?;
+    Ok(cfg)
+}
+
+/// The dialogue with its keyframes: per-turn frames thinned to `frames_per_turn`, all capped
+/// to the `max_frames` most recent, and only those decoded.
+fn inline_dialogue(d: InlineDialogue, opts: &FrameOptions, limits: &super::Limits) -> Result<(Dialogue, Vec<Keyframe>, FrameReport), ApiError> {
+    let mut picked: Vec<(Option<usize>, String, &str)> = vec![];
+    for (ti, t) in d.turns.iter().enumerate() {
+        let idx: Vec<usize> = (0..t.frames.len()).collect();
+        for &fi in evenly(&idx, opts.frames_per_turn) {
+            picked.push((Some(ti), format!("dialogue.turns[{ti}].frames[{fi}]"), &t.frames[fi]));
+        }
+    }
+    for (fi, b64) in d.frames.iter().enumerate() {
+        picked.push((None, format!("dialogue.frames[{fi}]"), b64));
+    }
+    let mut report = FrameReport::default();
+    cap(&mut picked, |p| p.1.clone(), opts, &mut report);
+    media::check_count(picked.len(), limits).map_err(|e| ApiError::bad(F, e))?;
+    let mut keyframes = vec![];
+    for (turn, source, b64) in picked {
+        match media::from_base64(b64, &source, limits) {
+            Ok(image) => keyframes.push(Keyframe { turn, source, image }),
+            Err(e) if opts.skip_bad_media => {
+                report.notes.push(format!("skipped unreadable media {e}"));
+                report.kept.retain(|k| *k != source);
+            }
+            Err(e) => return Err(ApiError::bad(F, format!("{e} (frames.skip_bad_media continues without it)"))),
+        }
+    }
+    let turns = d.turns.into_iter().map(|t| Turn { emotion: t.emotion, ..Turn::new(t.speaker, t.text) }).collect();
+    let dialogue = Dialogue { id: d.id, turns, next_speaker: d.next_speaker, video: None, frames: vec![] };
+    Ok((dialogue, keyframes, report))
+}
+
+/// A failed run: the engine's own status when it refused a call, 503 when cancelled.
+fn pipeline_error(e: anyhow::Error) -> ApiError {
+    if let Some(ee) = e.chain().find_map(|c| c.downcast_ref::<EngineError>()) {
+        return ApiError::new(F, ee.status(), format!("{e:#}"));
+    }
+    let msg = format!("{e:#}");
+    if msg.contains("cancelled") {
+        return ApiError::new(F, 503, msg);
+    }
+    ApiError::new(F, 500, msg)
+}
