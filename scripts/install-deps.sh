@@ -3,12 +3,15 @@
 #   - ffmpeg's libav* development files, found through pkg-config (video-rs → ffmpeg-sys-next);
 #   - libclang for ffmpeg-sys-next's bindgen step. bindgen (clang-sys) loads libclang.so,
 #     libclang-<ver>.so or a versioned libclang.so.<n> / libclang-<ver>.so.<n>. The C++ API library
-#     libclang-cpp.so.<n>, present on a fresh Debian through llvm, is NOT what it loads.
+#     libclang-cpp.so.<n>, present on a fresh Debian through llvm, is NOT what it loads;
+#   - python3 with venv + ensurepip, for the server tests' pinned openai/ollama clients
+#     (scripts/py-clients.sh; the clients themselves come from PyPI, not apt).
 #
 # Usage: install-deps.sh [--dry-run]
 #   --dry-run (or MERG_DEPS_DRY_RUN=1) prints what would be installed and changes nothing.
 #   MERG_LIBCLANG_DIRS  overrides the directories searched for libclang (space-separated globs);
-#   PKG_CONFIG_LIBDIR   is honoured by pkg-config itself, so tests can point it at a fake tree.
+#   PKG_CONFIG_LIBDIR   is honoured by pkg-config itself, so tests can point it at a fake tree;
+#   MERG_PYTHON3        the python checked for venv support (default python3).
 set -euo pipefail
 
 dry_run=${MERG_DEPS_DRY_RUN:-0}
@@ -48,6 +51,7 @@ else
          libavfilter-dev libswresample-dev)
 fi
 have_libclang || need+=(clang libclang-dev)
+"${MERG_PYTHON3:-python3}" -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3 python3-venv)
 
 if [ ${#need[@]} -eq 0 ]; then
   [ "$dry_run" = 1 ] && echo "nothing to install"

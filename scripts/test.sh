@@ -2,8 +2,12 @@
 # The README's test command: installs build dependencies when missing, then runs every test
 # (unit, integration, doc, and each bench once in test mode). Needs no GPU and no ../shared;
 # tests that use ../shared/data (real tokenizer, MELD) say so and skip when it is absent.
+# The server tests drive `merg serve` with the official openai/ollama Python clients, pinned in
+# a virtual environment that scripts/py-clients.sh builds once (from PyPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+MERG_PYTHON="$(bash scripts/py-clients.sh)"
+export MERG_PYTHON MERG_REQUIRE_PY_CLIENTS=1
 cargo test --all-targets "$@"
 cargo test --doc

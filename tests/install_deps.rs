@@ -41,11 +41,16 @@ fn lib_dir(root: &Path, files: &[&str]) -> PathBuf {
 }
 
 fn dry_run(libdir: &Path, pcdir: &Path) -> String {
+    dry_run_with_python(libdir, pcdir, "python3")
+}
+
+fn dry_run_with_python(libdir: &Path, pcdir: &Path, python: &str) -> String {
     let out = Command::new("bash")
         .arg(script())
         .arg("--dry-run")
         .env("MERG_LIBCLANG_DIRS", libdir)
         .env("PKG_CONFIG_LIBDIR", pcdir)
+        .env("MERG_PYTHON3", python)
         .output()
         .unwrap();
     assert!(out.status.success(), "dry run failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -81,6 +86,18 @@ fn versioned_libclang_needs_nothing() {
         let libs = lib_dir(t.path(), &["libclang-cpp.so.14", name]);
         assert_eq!(dry_run(&libs, &pc_dir(t.path(), &AV_LIBS)).trim(), "nothing to install", "{name}");
     }
+}
+
+#[test]
+fn python_without_venv_is_named() {
+    if no_pkg_config() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let libs = lib_dir(t.path(), &["libclang.so.1"]);
+    // `false` stands for a python whose `import venv, ensurepip` fails (Debian without python3-venv).
+    let out = dry_run_with_python(&libs, &pc_dir(t.path(), &AV_LIBS), "false");
+    assert_eq!(out.trim(), "would install: python3 python3-venv");
 }
 
 #[test]

@@ -140,7 +140,18 @@ fn forward(state: &AppState, _slot: Slot, stream: RequestStream, tx: UnboundedSe
                 }
             }
             Some(Event::Finished(c)) => {
-                let text = if stopped { String::new() } else { stops.flush() };
+                let text = if stopped {
+                    String::new()
+                } else {
+                    let rest = dec.finish().unwrap_or_default();
+                    match stops.push(&rest) {
+                        StopCheck::Emit(t) => t + &stops.flush(),
+                        StopCheck::Stopped(t) => {
+                            stopped = true;
+                            t
+                        }
+                    }
+                };
                 if !text.is_empty() || !pending.is_empty() {
                     let _ = tx.send(GenEvent::Delta { text, logprobs: pending });
                 }

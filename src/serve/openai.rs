@@ -55,6 +55,10 @@ pub struct ChatCompletionRequest {
     pub n: Option<u32>,
     #[serde(default)]
     pub tools: Option<Vec<Value>>,
+    /// vLLM's extension for throughput benchmarks: generate `max_tokens` tokens even past
+    /// the end-of-turn token.
+    #[serde(default)]
+    pub ignore_eos: bool,
 }
 
 #[derive(Deserialize)]
@@ -137,6 +141,8 @@ fn build_request(req: ChatCompletionRequest, limits: &Limits) -> Result<ChatRequ
         top_p: req.top_p.unwrap_or(1.0),
         seed: req.seed.unwrap_or(0) as u64,
         max_new_tokens: max_tokens,
+        // No token id reaches u32::MAX, so nothing stops generation before max_tokens.
+        stop_token_ids: if req.ignore_eos { vec![u32::MAX] } else { vec![] },
         ..Default::default()
     };
     let (messages, images) = messages(&req.messages, limits)?;

@@ -35,6 +35,16 @@ impl IncrementalDecoder {
         self.read = self.tokens.len();
         Ok(after[before.len()..].to_string())
     }
+
+    /// Text still held back at the end (an incomplete character decodes to U+FFFD, exactly
+    /// as decoding the whole output at once does).
+    pub fn finish(&mut self) -> Result<String> {
+        let before = self.tok.decode(&self.tokens[self.prefix..self.read], true)?;
+        let after = self.tok.decode(&self.tokens[self.prefix..], true)?;
+        self.prefix = self.tokens.len();
+        self.read = self.tokens.len();
+        Ok(after.get(before.len()..).unwrap_or_default().to_string())
+    }
 }
 
 /// What to send after a piece of text arrived.
