@@ -37,11 +37,12 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
-    let result = match Cli::parse().cmd {
+    let cli = Cli::parse();
+    // A server logs one line per request by default; other commands only what RUST_LOG asks.
+    let default = if matches!(cli.cmd, Cmd::Serve(_)) { "merg=info" } else { "error" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let result = match cli.cmd {
         Cmd::Generate(a) => cli::generate::cmd_generate(*a),
         Cmd::Info(a) => cli::info::cmd_info(a),
         Cmd::Bench(a) => cli::bench::cmd_bench(a),

@@ -29,6 +29,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::Router;
 use serde_json::{json, Value};
 
@@ -210,6 +211,13 @@ pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>, shut
             cancel.store(true, Ordering::SeqCst);
         });
     };
+    // Tokens go out as they are produced: without TCP_NODELAY, Nagle's algorithm holds small
+    // SSE/NDJSON writes back until the client's delayed ACK (~40 ms per request).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY not set: {e}");
+        }
+    });
     axum::serve(listener, router(state)).with_graceful_shutdown(signal).await
 }
 
