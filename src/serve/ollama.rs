@@ -27,17 +27,24 @@ use crate::vision::Media;
 
 const F: Flavor = Flavor::Ollama;
 
+/// What `/api/chat` and `/api/generate` share.
 #[derive(Deserialize)]
-pub struct ChatReq {
+pub struct Common {
     pub model: String,
-    #[serde(default)]
-    pub messages: Vec<OMessage>,
     #[serde(default)]
     pub format: Option<Value>,
     #[serde(default)]
     pub options: Option<Options>,
     #[serde(default)]
     pub stream: Option<bool>,
+}
+
+#[derive(Deserialize)]
+pub struct ChatReq {
+    #[serde(flatten)]
+    pub common: Common,
+    #[serde(default)]
+    pub messages: Vec<OMessage>,
     #[serde(default)]
     pub tools: Option<Vec<Value>>,
 }
@@ -53,19 +60,14 @@ pub struct OMessage {
 
 #[derive(Deserialize)]
 pub struct GenerateReq {
-    pub model: String,
+    #[serde(flatten)]
+    pub common: Common,
     #[serde(default)]
     pub prompt: String,
     #[serde(default)]
     pub system: Option<String>,
     #[serde(default)]
     pub images: Option<Vec<String>>,
-    #[serde(default)]
-    pub format: Option<Value>,
-    #[serde(default)]
-    pub options: Option<Options>,
-    #[serde(default)]
-    pub stream: Option<bool>,
     #[serde(default)]
     pub raw: Option<bool>,
     #[serde(default)]
@@ -90,7 +92,7 @@ pub struct Options {
 
 pub async fn chat(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: ChatReq = parse_body(F, body, state.cfg.limits.max_body_bytes)?;
-    state.check_model(F, &req.model)?;
+    state.check_model(F, &req.common.model)?;
     if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::bad(F, "tools are not supported by this server"));
     }
@@ -98,7 +100,8 @@ pub async fn chat(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesR
         return Ok(Json(loaded(&state, "message")).into_response());
     }
     let limits = state.cfg.limits.clone();
-    let (stream, format, options) = (req.stream.unwrap_or(true), req.format, req.options.unwrap_or_default());
+    let Common { stream, format, options, .. } = req.common;
+    let (stream, options) = (stream.unwrap_or(true), options.unwrap_or_default());
     let msgs = req.messages;
     let built = tokio::task::spawn_blocking(move || {
         let (messages, images) = chat_messages(msgs, &limits)?;
@@ -110,7 +113,7 @@ pub async fn chat(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesR
 
 pub async fn generate(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: GenerateReq = parse_body(F, body, state.cfg.limits.max_body_bytes)?;
-    state.check_model(F, &req.model)?;
+    state.check_model(F, &req.common.model)?;
     if req.raw.unwrap_or(false) || req.template.is_some() {
         return Err(ApiError::bad(F, "raw prompts and custom templates are not supported: every prompt goes through the model's chat template"));
     }
@@ -122,7 +125,8 @@ pub async fn generate(State(state): State<Arc<AppState>>, body: Result<Bytes, By
         return Ok(Json(loaded(&state, "response")).into_response());
     }
     let limits = state.cfg.limits.clone();
-    let (stream, format, options) = (req.stream.unwrap_or(true), req.format, req.options.unwrap_or_default());
+    let Common { stream, format, options, .. } = req.common;
+    let (stream, options) = (stream.unwrap_or(true), options.unwrap_or_default());
     let (system, prompt) = (req.system, req.prompt);
     let built = tokio::task::spawn_blocking(move || {
         let mut msgs = vec![];
