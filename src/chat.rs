@@ -109,9 +109,16 @@ pub const QWEN2_5_VL_CHAT_TEMPLATE: &str = QWEN2_VL_CHAT_TEMPLATE;
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
+    /// Where the template came from, for errors.
+    origin: String,
 }
 
 const TEMPLATE_NAME: &str = "chat_template";
+
+/// Template steps allowed per render. A Qwen chat template spends a few dozen per message, so
+/// this allows conversations of many thousands of turns, while a template looping 10^10 times
+/// stops within a second or two.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -131,6 +138,7 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", py_tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
@@ -138,7 +146,14 @@ impl ChatTemplate {
         Ok(Self {
             env,
             source: source.to_string(),
+            origin: "the chat template".into(),
         })
+    }
+
+    /// Names where the template came from in render errors ("the chat template of <dir>").
+    pub fn with_origin(mut self, origin: impl Into<String>) -> Self {
+        self.origin = origin.into();
+        self
     }
 
     /// The template's Jinja source.
@@ -182,8 +197,10 @@ impl ChatTemplate {
             messages => Value::from_serialize(&msgs),
             add_generation_prompt => add_generation_prompt,
         };
-        tmpl.render(ctx)
-            .map_err(|e| anyhow!("rendering the chat template failed: {}", describe(&e)))
+        tmpl.render(ctx).map_err(|e| match e.kind() {
+            ErrorKind::OutOfFuel => anyhow!("rendering {} stopped after {TEMPLATE_FUEL} steps: the template runs away (a loop that does not end?)", self.origin),
+            _ => anyhow!("rendering {} failed: {}", self.origin, describe(&e)),
+        })
     }
 }
 
@@ -302,8 +319,7 @@ fn describe(e: &JinjaError) -> String {
 pub fn find_chat_template(dir: &std::path::Path) -> Result<Option<String>> {
     let jinja = dir.join("chat_template.jinja");
     if jinja.is_file() {
-        let s = std::fs::read_to_string(&jinja)
-            .with_context(|| format!("reading {}", jinja.display()))?;
+        let s = crate::input::read_string(&jinja, &crate::input::TEMPLATE)?;
         return Ok(Some(s));
     }
     for name in ["chat_template.json", "tokenizer_config.json"] {
@@ -320,8 +336,7 @@ pub fn find_chat_template(dir: &std::path::Path) -> Result<Option<String>> {
 
 /// The `chat_template` field of a JSON config file (string or list of `{name, template}`).
 pub fn chat_template_from_json_file(path: &std::path::Path) -> Result<Option<String>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = crate::input::read_string(path, &crate::input::CONFIG)?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("{} is not valid JSON", path.display()))?;
     match v.get("chat_template") {

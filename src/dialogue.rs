@@ -57,36 +57,44 @@ struct MeldRow {
     emotion: Option<String>,
 }
 
+/// `{"rows": [...], "next_speaker": ...}`; a bare row list is also accepted (the reply's
+/// speaker is then the one who spoke before the last turn, as in a two-party exchange).
 #[derive(Deserialize)]
-#[serde(untagged)]
-enum DialogueFile {
-    Full(Dialogue),
-    /// `{"rows": [...], "next_speaker": ...}` or a bare row list (the reply's speaker is then
-    /// the one who spoke before the last turn, as in a two-party exchange).
-    Rows { rows: Vec<MeldRow>, next_speaker: Option<String> },
-    Bare(Vec<MeldRow>),
+struct RowsFile {
+    rows: Vec<MeldRow>,
+    next_speaker: Option<String>,
 }
 
 impl Dialogue {
     /// Reads a dialogue JSON file; relative media paths are taken relative to the file.
     pub fn from_json_file(path: &Path) -> Result<Dialogue> {
-        let bytes = std::fs::read(path).with_context(|| format!("reading dialogue {}", path.display()))?;
-        let text = String::from_utf8(bytes)
-            .map_err(|e| anyhow::anyhow!("dialogue {}: not UTF-8 text (invalid byte at offset {})", path.display(), e.utf8_error().valid_up_to()))?;
+        let text = crate::input::read_string(path, &crate::input::DIALOGUE)?;
         let mut d = Self::from_json_str(&text).with_context(|| format!("dialogue {}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         d.resolve_paths(base);
         Ok(d)
     }
 
+    /// Parses the three accepted shapes, chosen by the JSON's own shape (not by trying each,
+    /// so an error names the field and the expected type of the shape the file has).
     pub fn from_json_str(text: &str) -> Result<Dialogue> {
-        let file: DialogueFile = serde_json::from_str(text).context(
-            "expected {\"turns\": [{\"speaker\", \"text\"}…], \"next_speaker\"} or a list of MELD rows {\"Speaker\", \"Utterance\"}",
-        )?;
-        let d = match file {
-            DialogueFile::Full(d) => d,
-            DialogueFile::Rows { rows, next_speaker } => from_rows(rows, next_speaker)?,
-            DialogueFile::Bare(rows) => from_rows(rows, None)?,
+        const SHAPES: &str =
+            "expected {\"turns\": [{\"speaker\", \"text\"}…], \"next_speaker\"}, {\"rows\": [MELD rows], \"next_speaker\"} or a list of MELD rows {\"Speaker\", \"Utterance\"}";
+        let v: serde_json::Value = serde_json::from_str(text).with_context(|| format!("not valid JSON; {SHAPES}"))?;
+        fn typed<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T> {
+            serde_path_to_error::deserialize(v).map_err(|e| {
+                let path = e.path().to_string();
+                anyhow::anyhow!("{}: {}", if path == "." { "top level".into() } else { path }, e.into_inner())
+            })
+        }
+        let d = match &v {
+            serde_json::Value::Array(_) => from_rows(typed(v)?, None)?,
+            serde_json::Value::Object(o) if o.contains_key("rows") => {
+                let r: RowsFile = typed(v)?;
+                from_rows(r.rows, r.next_speaker)?
+            }
+            serde_json::Value::Object(_) => typed::<Dialogue>(v)?,
+            _ => bail!("the top level is neither an object nor a list; {SHAPES}"),
         };
         d.validate()?;
         Ok(d)

@@ -162,8 +162,7 @@ fn resolve_dir(source: &str, dir: &Path) -> Result<ModelFiles> {
 
 /// The unique shard file names of a safetensors index's `weight_map`, sorted.
 pub fn shard_names(index: &Path) -> Result<Vec<String>> {
-    let text =
-        std::fs::read_to_string(index).with_context(|| format!("reading {}", index.display()))?;
+    let text = crate::input::read_string(index, &crate::input::CONFIG)?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("{} is not valid JSON", index.display()))?;
     let map = v

@@ -52,6 +52,7 @@ pub mod engine;
 pub mod eval;
 pub mod generate;
 pub mod hub;
+pub mod input;
 pub mod layers;
 pub mod metrics;
 pub mod models;

@@ -77,8 +77,7 @@ impl ChatTokenizer {
 
     /// Loads a tokenizer.json and compiles `chat_template` when given.
     pub fn from_files(tokenizer_json: &Path, chat_template: Option<String>) -> Result<Self> {
-        let text = std::fs::read_to_string(tokenizer_json)
-            .with_context(|| format!("reading tokenizer file {}", tokenizer_json.display()))?;
+        let text = crate::input::read_string(tokenizer_json, &crate::input::TOKENIZER)?;
         let mut full = Tokenizer::from_str(&text).map_err(|e| {
             anyhow!(
                 "{} is not a usable tokenizer: {e}",
@@ -131,7 +130,8 @@ impl ChatTokenizer {
         let template = match chat_template {
             Some(src) => Some(
                 ChatTemplate::new(&src)
-                    .with_context(|| format!("chat template for {}", tokenizer_json.display()))?,
+                    .with_context(|| format!("chat template for {}", tokenizer_json.display()))?
+                    .with_origin(format!("the chat template beside {}", tokenizer_json.display())),
             ),
             None => None,
         };

@@ -86,7 +86,7 @@ pub fn parse_evaluation(text: &str, file: &Path) -> Result<HashMap<String, Strin
 }
 
 fn read_text(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).with_context(|| format!("IEMOCAP: reading {}", path.display()))?;
+    let bytes = crate::input::read(path, &crate::input::DATASET).context("IEMOCAP")?;
     // The release is ASCII; a stray Latin-1 byte must not stop a run.
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }

@@ -148,10 +148,7 @@ pub fn load_csv(path: &Path, split_name: &str, video_dir: Option<&Path>) -> Resu
 /// seven, no duplicate (dialogue, utterance) ids. Empty utterances are dropped and counted.
 pub fn read_rows(path: &Path, report: &mut LoadReport) -> Result<Vec<Row>> {
     let file = path.display();
-    let mut rdr = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .from_path(path)
-        .with_context(|| format!("MELD: opening {file}"))?;
+    let mut rdr = csv::ReaderBuilder::new().has_headers(true).from_reader(crate::input::open(path, &crate::input::DATASET).context("MELD")?);
     let headers = rdr.headers().with_context(|| format!("MELD {file}: reading the header"))?.clone();
     let names: Vec<String> = headers.iter().map(|h| h.trim_start_matches('\u{feff}').trim().to_string()).collect();
     let col = |name: &str| names.iter().position(|h| h == name);

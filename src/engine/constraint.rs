@@ -55,7 +55,7 @@ impl ConstraintFactory {
     /// The file is read by toktrie_hf_tokenizers' own `tokenizers` version (0.21, not ours), so
     /// we hand it bytes rather than our `Tokenizer` object.
     pub fn from_tokenizer_json(path: &Path, stop_token: u32) -> Result<Self> {
-        let bytes = std::fs::read(path).with_context(|| format!("reading tokenizer {}", path.display()))?;
+        let bytes = crate::input::read(path, &crate::input::TOKENIZER)?;
         let mut byte_tok = ByteTokenizer::from_json_bytes(&bytes)
             .with_context(|| format!("building the llguidance byte tokenizer from {}", path.display()))?;
         let tokenizer_vocab = byte_tok.tokrx_info().vocab_size as usize;

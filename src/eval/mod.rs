@@ -298,7 +298,7 @@ pub fn read_records(path: &Path) -> Result<Vec<Record>> {
     if !path.exists() {
         return Ok(vec![]);
     }
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = crate::input::read(path, &crate::input::RECORDS)?;
     let complete = bytes.iter().rposition(|&b| b == b'\n').map(|i| i + 1).unwrap_or(0);
     if complete < bytes.len() {
         // Only a trailing fragment without its newline can come from a kill mid-write.
@@ -336,7 +336,7 @@ pub fn write_summary(out: &Path, spec: &RunSpec) -> Result<Summary> {
 
 pub fn read_spec(dir: &Path) -> Result<RunSpec> {
     let p = dir.join("config.json");
-    let text = std::fs::read_to_string(&p).with_context(|| format!("reading {} (is {} a merg eval run?)", p.display(), dir.display()))?;
+    let text = crate::input::read_string(&p, &crate::input::CONFIG).with_context(|| format!("is {} a merg eval run?", dir.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))
 }
 

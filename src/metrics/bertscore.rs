@@ -144,7 +144,7 @@ impl Baseline {
     /// Row `num_layers` (0-based, after the header `LAYER,P,R,F`) of a bert-score baseline file
     /// (comma separated despite the .tsv name), like the package's `iloc[num_layers]`.
     pub fn from_file(path: &Path, num_layers: usize) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading baseline file {}", path.display()))?;
+        let text = crate::input::read_string(path, &crate::input::TEXT).context("reading the BERTScore baseline file")?;
         let mut lines = text.lines().filter(|l| !l.trim().is_empty());
         let header = lines.next().ok_or_else(|| anyhow!("baseline file {} is empty", path.display()))?;
         let cols: Vec<&str> = header.split(',').map(str::trim).collect();

@@ -78,7 +78,7 @@ pub struct EncoderConfig {
 
 impl EncoderConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text = crate::input::read_string(path, &crate::input::CONFIG)?;
         Self::from_json(&text).with_context(|| format!("model config {}", path.display()))
     }
 

@@ -50,7 +50,7 @@ pub fn spec(config: &Value) -> Result<ModelSpec> {
 
 /// Reads and parses a config.json file.
 pub fn read_config(path: &std::path::Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read model config {}", path.display()))?;
+    let text = crate::input::read_string(path, &crate::input::CONFIG).context("cannot read the model config")?;
     serde_json::from_str(&text).with_context(|| format!("invalid model config {}: not valid JSON", path.display()))
 }
 

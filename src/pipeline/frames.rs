@@ -42,26 +42,54 @@ pub struct FrameReport {
     pub notes: Vec<String>,
 }
 
-/// Collects keyframes in dialogue order (per-turn first, then whole-dialogue media).
+/// One file that yields keyframes: an image, or a video sampled for up to `n` frames.
+struct Source<'a> {
+    turn: Option<usize>,
+    path: &'a Path,
+    video: Option<usize>,
+}
+
+/// Collects keyframes in dialogue order (per-turn first, then whole-dialogue media). Only the
+/// media that can still be among the `max_frames` most recent are read: sources are loaded
+/// newest first until enough frames are in hand, so a dialogue with thousands of per-turn
+/// frames costs what the kept ones cost.
 pub fn collect(d: &Dialogue, opts: &FrameOptions, report: &mut FrameReport) -> Result<Vec<Keyframe>> {
-    let mut out = vec![];
+    let mut sources = vec![];
     for (ti, turn) in d.turns.iter().enumerate() {
-        let t = Some(ti);
+        let turn_no = Some(ti);
         if !turn.frames.is_empty() {
-            for p in evenly(&turn.frames, opts.frames_per_turn) {
-                out.extend(keyframes(t, load_or_skip(opts, report, p, t, image_frame)?));
-            }
+            sources.extend(evenly(&turn.frames, opts.frames_per_turn).into_iter().map(|p| Source { turn: turn_no, path: p, video: None }));
         } else if let Some(v) = &turn.video {
-            out.extend(keyframes(t, load_or_skip(opts, report, v, t, |p| video_frames(p, opts.frames_per_turn))?));
+            sources.push(Source { turn: turn_no, path: v, video: Some(opts.frames_per_turn) });
         }
     }
-    for p in &d.frames {
-        out.extend(keyframes(None, load_or_skip(opts, report, p, None, image_frame)?));
-    }
+    sources.extend(d.frames.iter().map(|p| Source { turn: None, path: p, video: None }));
     if let Some(v) = &d.video {
-        out.extend(keyframes(None, load_or_skip(opts, report, v, None, |p| video_frames(p, opts.max_frames.max(1)))?));
+        sources.push(Source { turn: None, path: v, video: Some(opts.max_frames.max(1)) });
     }
+    let mut newest_first: Vec<Vec<Keyframe>> = vec![];
+    let mut have = 0;
+    let mut unread = 0;
+    for (i, s) in sources.iter().enumerate().rev() {
+        if have >= opts.max_frames {
+            unread = i + 1;
+            break;
+        }
+        let frames = match s.video {
+            None => load_or_skip(opts, report, s.path, s.turn, image_frame)?,
+            Some(n) => load_or_skip(opts, report, s.path, s.turn, |p| video_frames(p, n))?,
+        };
+        have += frames.len();
+        newest_first.push(keyframes(s.turn, frames).collect());
+    }
+    let mut out: Vec<Keyframe> = newest_first.into_iter().rev().flatten().collect();
     cap(&mut out, |f| f.source.clone(), opts, report);
+    if unread > 0 {
+        report.notes.push(format!("{unread} older media files were not read: max_frames {} was reached by newer ones", opts.max_frames));
+        let mut dropped: Vec<String> = sources[..unread].iter().map(|s| s.path.display().to_string()).collect();
+        dropped.append(&mut report.dropped);
+        report.dropped = dropped;
+    }
     Ok(out)
 }
 

@@ -48,7 +48,7 @@ impl Prompts {
         for (name, builtin) in BUILTIN {
             let p = dir.join(format!("{name}.j2"));
             let src = if p.exists() {
-                std::fs::read_to_string(&p).with_context(|| format!("reading prompt template {}", p.display()))?
+                crate::input::read_string(&p, &crate::input::TEMPLATE).context("reading a prompt template")?
             } else {
                 builtin.to_string()
             };
@@ -64,6 +64,7 @@ impl Prompts {
         // Output is plain text for a model, not HTML.
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+        env.set_fuel(Some(crate::chat::TEMPLATE_FUEL));
         for (name, src) in sources {
             env.add_template_owned(name.clone(), src).with_context(|| format!("prompt template {name}.j2"))?;
         }

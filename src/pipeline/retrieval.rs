@@ -124,7 +124,7 @@ impl Memory {
     }
 
     pub fn from_jsonl(path: &Path) -> Result<Self> {
-        let f = std::fs::File::open(path).with_context(|| format!("opening exemplar memory {}", path.display()))?;
+        let f = crate::input::open(path, &crate::input::MEMORY)?;
         let mut entries = vec![];
         for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
             let line = line.with_context(|| format!("{} line {}: not UTF-8 text", path.display(), n + 1))?;

@@ -84,19 +84,19 @@ pub struct Rating {
 /// the sheet, row and column.
 pub fn aggregate(key: &Path, sheets: &[PathBuf]) -> Result<Vec<Rating>> {
     let mut who: HashMap<String, String> = HashMap::new();
-    let mut kr = csv::Reader::from_path(key).with_context(|| format!("reading {}", key.display()))?;
+    let mut kr = csv::Reader::from_reader(crate::input::open(key, &crate::input::RECORDS)?);
     for row in kr.records() {
-        let row = row?;
+        let row = row.with_context(|| format!("reading the key {}", key.display()))?;
         who.insert(row.get(0).unwrap_or_default().to_string(), row.get(1).unwrap_or_default().to_string());
     }
     let mut scores: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
     for sheet in sheets {
-        let mut r = csv::Reader::from_path(sheet).with_context(|| format!("reading {}", sheet.display()))?;
-        let headers = r.headers()?.clone();
+        let mut r = csv::Reader::from_reader(crate::input::open(sheet, &crate::input::RECORDS)?);
+        let headers = r.headers().with_context(|| format!("reading the sheet {}", sheet.display()))?.clone();
         let col = |name: &str| headers.iter().position(|h| h.trim().eq_ignore_ascii_case(name));
         let code_col = col("code").with_context(|| format!("{}: no \"code\" column", sheet.display()))?;
         for (n, row) in r.records().enumerate() {
-            let row = row?;
+            let row = row.with_context(|| format!("reading the sheet {}", sheet.display()))?;
             let code = row.get(code_col).unwrap_or_default();
             let run = who.get(code).with_context(|| format!("{} row {}: code {code:?} is not in {}", sheet.display(), n + 2, key.display()))?;
             for c in CRITERIA {

@@ -48,9 +48,8 @@ fn load_video(path: &Path, _fps: f64, _max_frames: usize) -> Result<Media> {
 
 /// Decode an image file (png/jpeg/webp/bmp) into 8-bit RGB, like HF's `convert_to_rgb`.
 pub fn load_image(path: &Path) -> Result<RgbImage> {
-    ensure!(path.exists(), "image file {} does not exist", path.display());
-    let reader = image::ImageReader::open(path)
-        .with_context(|| format!("opening image {}", path.display()))?
+    let bytes = crate::input::read(path, &crate::input::IMAGE)?;
+    let reader = image::ImageReader::new(std::io::Cursor::new(bytes))
         // Sniff the format from content, so a misnamed file still decodes (PIL does the same).
         .with_guessed_format()
         .with_context(|| format!("reading image {}", path.display()))?;
@@ -152,6 +151,8 @@ mod decode {
         path: &Path,
         mut keep: impl FnMut(usize, f32) -> Option<bool>,
     ) -> Result<(usize, Vec<RgbImage>, f32)> {
+        // ffmpeg would block forever on a FIFO and read a device without end.
+        crate::input::regular_file(path, &crate::input::VIDEO)?;
         let mut decoder = video_rs::Decoder::new(path)
             .with_context(|| format!("opening video {}", path.display()))?;
         let source_fps = decoder.frame_rate();

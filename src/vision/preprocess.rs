@@ -104,8 +104,7 @@ impl PreprocessorConfig {
     /// Parse and validate a `preprocessor_config.json`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading preprocessor config {}", path.display()))?;
+        let text = crate::input::read_string(path, &crate::input::CONFIG).context("reading the preprocessor config")?;
         let cfg: Self = serde_json::from_str(&text)
             .with_context(|| format!("parsing preprocessor config {}", path.display()))?;
         cfg.validate().with_context(|| format!("invalid preprocessor config {}", path.display()))?;

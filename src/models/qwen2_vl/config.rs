@@ -124,8 +124,7 @@ fn default_silu() -> Act {
 
 impl Config {
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read model config {}", path.display()))?;
+        let text = crate::input::read_string(path, &crate::input::CONFIG).context("cannot read the model config")?;
         Self::from_json_str(&text).with_context(|| format!("invalid model config {}", path.display()))
     }
 
