@@ -48,6 +48,11 @@ impl SamplingParams {
     }
 }
 
+/// The model produced a NaN or infinite logit on a row being sampled.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the model produced a non-finite logit ({0}) for this request")]
+pub struct NonFiniteLogits(pub f32);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
@@ -101,6 +106,10 @@ impl Sampler {
         let raw: Vec<f32> = logits.to_vec1()?;
         if raw.is_empty() {
             bail!("empty logits");
+        }
+        // One pass over the row being sampled: a reply must never be built on NaN.
+        if let Some(bad) = raw.iter().find(|x| !x.is_finite()) {
+            return Err(NonFiniteLogits(*bad).into());
         }
         let lse = log_sum_exp(&raw);
         let masked;

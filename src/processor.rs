@@ -73,6 +73,23 @@ impl Processor {
         self.tokenizer.encode_chat(messages, true, &counts)
     }
 
+    /// Refuses messages whose text alone cannot fit `max_context` tokens, without tokenizing.
+    pub fn check_text_fits(&self, messages: &[Message], max_context: usize) -> Result<()> {
+        let bytes: usize = messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .map(|p| match p {
+                ContentPart::Text(t) => t.len(),
+                _ => 0,
+            })
+            .sum();
+        let at_least = self.tokenizer.min_tokens(bytes);
+        if at_least >= max_context {
+            anyhow::bail!("the prompt's text is {bytes} bytes, at least {at_least} tokens, but the context window is {max_context} tokens");
+        }
+        Ok(())
+    }
+
     /// Prompt length without touching pixels, so callers can budget context cheaply.
     pub fn count_prompt_tokens(&self, messages: &[Message], media_dims: &[(usize, usize, usize)]) -> Result<usize> {
         let grids = media_dims.iter().map(|&d| self.grid_for(d, d.0 > 1, 2.0)).collect::<Result<Vec<_>>>()?;

@@ -40,6 +40,9 @@ pub struct ChatTokenizer {
     added_ids: HashSet<u32>,
     special: SpecialTokens,
     template: Option<ChatTemplate>,
+    /// Bytes of the longest vocabulary entry (as stored: ≥ the bytes it stands for), so a
+    /// text of n bytes is at least n / max_token_bytes tokens.
+    max_token_bytes: usize,
 }
 
 impl std::fmt::Debug for ChatTokenizer {
@@ -135,6 +138,7 @@ impl ChatTokenizer {
             ),
             None => None,
         };
+        let max_token_bytes = plain.get_vocab(false).keys().map(String::len).max().unwrap_or(1).max(1);
         Ok(Self {
             full,
             plain,
@@ -142,7 +146,14 @@ impl ChatTokenizer {
             added_ids,
             special,
             template,
+            max_token_bytes,
         })
+    }
+
+    /// A lower bound on the tokens `text_bytes` of data text become, known without tokenizing
+    /// (so an oversized prompt is refused at once, not after seconds and gigabytes of BPE).
+    pub fn min_tokens(&self, text_bytes: usize) -> usize {
+        text_bytes / self.max_token_bytes
     }
 
     /// Replaces (or sets) the chat template.

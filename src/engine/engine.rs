@@ -18,7 +18,7 @@ use super::scheduler::{Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence, Status};
 use super::vision_cache::{lock, VisionCache};
 use crate::checkpoint::Checkpoint;
-use crate::generate::{sample_step, FinishReason, Sampler, SamplingParams, TokenConstraint};
+use crate::generate::{sample_step, FinishReason, NonFiniteLogits, Sampler, SamplingParams, TokenConstraint};
 use crate::models::{Model, PromptInputs, RecurrentState};
 
 #[derive(Clone, Debug)]
@@ -81,6 +81,9 @@ pub struct EngineStats {
 pub struct StepOutput {
     pub tokens: Vec<(SeqId, u32, f32)>,
     pub finished: Vec<(SeqId, Completion)>,
+    /// Requests that failed alone (e.g. the model produced NaN logits for them); their
+    /// blocks are already freed and the engine goes on with the others.
+    pub failed: Vec<(SeqId, EngineError)>,
 }
 
 pub struct Engine {
@@ -97,11 +100,14 @@ pub struct Engine {
     /// Media items the engine thread had to preprocess itself (a cached item evicted between
     /// preparation and admission); normally 0.
     late_preprocessing: u64,
+    /// Where the weights came from, for errors that implicate them.
+    origin: String,
 }
 
 impl Engine {
     pub fn new(ckpt: Checkpoint, cfg: EngineConfig) -> anyhow::Result<Self> {
         let model = ckpt.model.clone();
+        let origin = ckpt.files.as_ref().map(|f| f.source.clone()).unwrap_or_else(|| "with dummy weights".into());
         let spec = model.spec();
         let n = num_blocks_for(&cfg.kv_memory, spec, cfg.block_size, model.dtype(), model.device())?;
         let pool = KvPool::new(spec, n, cfg.block_size, model.dtype(), model.device()).context("allocating the KV pool")?;
@@ -123,6 +129,7 @@ impl Engine {
             steps: 0,
             preemptions: 0,
             late_preprocessing: 0,
+            origin,
         })
     }
 
@@ -329,10 +336,22 @@ impl Engine {
             let vocab = model.spec().vocab_size;
             for (i, id) in samplers.into_iter().enumerate() {
                 let s = self.seqs.get_mut(&id).expect("scheduled");
-                let (tok, lp, done) = sample_next(s, &logits.get(i)?, vocab)?;
-                out.tokens.push((id, tok, lp));
-                if done {
-                    out.finished.push(self.finish(id)?);
+                match sample_next(s, &logits.get(i)?, vocab) {
+                    Ok((tok, lp, done)) => {
+                        out.tokens.push((id, tok, lp));
+                        if done {
+                            out.finished.push(self.finish(id)?);
+                        }
+                    }
+                    // This request fails alone; the others in the step go on.
+                    Err(e) => {
+                        let err = match e.downcast_ref::<NonFiniteLogits>() {
+                            Some(_) => EngineError::Internal(format!("{e}: the model {} may be corrupt (NaN weights?)", self.origin)),
+                            None => EngineError::internal(e.context("sampling")),
+                        };
+                        self.finish(id)?;
+                        out.failed.push((id, err));
+                    }
                 }
             }
         }
@@ -372,16 +391,19 @@ impl Engine {
     /// Runs requests to completion; results in request order (a bad request fails alone).
     pub fn run_all(&mut self, reqs: Vec<ChatRequest>) -> Vec<EngineResult<Completion>> {
         let mut order: Vec<EngineResult<SeqId>> = reqs.into_iter().map(|r| self.add_request(r)).collect();
-        let mut results: HashMap<SeqId, Completion> = HashMap::new();
+        let mut results: HashMap<SeqId, EngineResult<Completion>> = HashMap::new();
         while self.has_pending() {
             match self.step() {
-                Ok(out) => results.extend(out.finished),
+                Ok(out) => {
+                    results.extend(out.finished.into_iter().map(|(id, c)| (id, Ok(c))));
+                    results.extend(out.failed.into_iter().map(|(id, e)| (id, Err(e))));
+                }
                 Err(e) => return order.drain(..).map(|_| Err(e.clone())).collect(),
             }
         }
         order
             .drain(..)
-            .map(|r| r.and_then(|id| results.remove(&id).ok_or_else(|| EngineError::Internal(format!("request {id} vanished")))))
+            .map(|r| r.and_then(|id| results.remove(&id).unwrap_or_else(|| Err(EngineError::Internal(format!("request {id} vanished"))))))
             .collect()
     }
 }

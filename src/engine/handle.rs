@@ -258,6 +258,11 @@ fn step(engine: &mut Engine, waiting: &mut Waiting) -> bool {
                     let _ = tx.send(Event::Finished(c));
                 }
             }
+            for (seq, e) in out.failed {
+                if let Some(tx) = waiting.remove(seq) {
+                    let _ = tx.send(Event::Error(e));
+                }
+            }
             true
         }
         Err(e) => {

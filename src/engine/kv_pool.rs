@@ -90,6 +90,16 @@ pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype
     if n == 0 {
         bail!("KV memory {mem:?} holds no block of {block_size} tokens ({per} bytes each)");
     }
+    // Checked before allocating: a failed allocation aborts the process instead of erroring.
+    let want = (n as u64).saturating_mul(per);
+    let avail = available_bytes(device)?;
+    if want > avail {
+        bail!(
+            "the KV pool would take {:.1} GiB ({n} blocks of {per} bytes) but the device has {:.1} GiB available; ask for less KV memory",
+            want as f64 / (1u64 << 30) as f64,
+            avail as f64 / (1u64 << 30) as f64
+        );
+    }
     Ok(n)
 }
 

@@ -113,6 +113,7 @@ impl RequestPreparer {
             req.constraint = Some(Box::new(c));
         }
         check_placeholders(&req.messages, &req.media).map_err(EngineError::bad_request)?;
+        self.processor.check_text_fits(&req.messages, self.max_context).map_err(EngineError::bad_request)?;
         let mut media = Vec::with_capacity(req.media.len());
         for (i, m) in req.media.into_iter().enumerate() {
             media.push(self.prepare_media(m).map_err(|e| EngineError::BadRequest(format!("media item {i}: {e:#}")))?);

@@ -111,7 +111,9 @@ impl AgentModel for EngineModel {
     }
 
     fn count_tokens(&self, messages: &[Message], media_dims: &[(usize, usize, usize)]) -> Result<usize> {
-        self.handle.preparer().processor.count_prompt_tokens(messages, media_dims)
+        let p = self.handle.preparer();
+        p.processor.check_text_fits(messages, p.max_context())?;
+        p.processor.count_prompt_tokens(messages, media_dims)
     }
 
     fn context_window(&self) -> usize {

@@ -100,6 +100,9 @@ impl Default for PreprocessorConfig {
     }
 }
 
+/// The largest `min_pixels` / `max_pixels` accepted (Qwen2.5-VL's default max is 12.8 M).
+pub const MAX_SANE_PIXELS: usize = 16384 * 16384;
+
 impl PreprocessorConfig {
     /// Parse and validate a `preprocessor_config.json`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
@@ -119,6 +122,14 @@ impl PreprocessorConfig {
     /// Reject values that would make patchify divide by zero or silently differ from HF.
     pub fn validate(&self) -> Result<()> {
         ensure!(self.patch_size > 0, "patch_size must be > 0");
+        // Resized images are allocated at up to max_pixels (and at least min_pixels): a value no
+        // image needs would only turn into an allocation failure later.
+        for (name, v) in [("min_pixels", self.min_pixels), ("max_pixels", self.max_pixels)] {
+            ensure!(v <= MAX_SANE_PIXELS, "{name} is {v}; the most merg accepts is {MAX_SANE_PIXELS} (16384 × 16384)");
+        }
+        for (name, v) in [("patch_size", self.patch_size), ("merge_size", self.merge_size), ("temporal_patch_size", self.temporal_patch_size)] {
+            ensure!(v <= 1024, "{name} is {v}; the most merg accepts is 1024");
+        }
         ensure!(self.merge_size > 0, "merge_size must be > 0");
         ensure!(self.temporal_patch_size > 0, "temporal_patch_size must be > 0");
         ensure!(

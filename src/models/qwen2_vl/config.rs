@@ -161,8 +161,8 @@ impl Config {
                 text_obj.insert("num_key_value_heads".into(), h);
             }
         }
-        let text: TextConfig =
-            serde_json::from_value(Value::Object(text_obj.clone())).context("text model fields")?;
+        let text: TextConfig = serde_path_to_error::deserialize(Value::Object(text_obj.clone()))
+            .map_err(|e| anyhow::anyhow!("text model field {}: {}", e.path(), e.inner()))?;
         let vision_val = root.get("vision_config").context("missing \"vision_config\"")?;
         let vision = parse_vision(variant, vision_val, text.hidden_size).context("vision_config")?;
 
@@ -196,6 +196,22 @@ impl Config {
     /// Catch configs that would only fail deep inside a forward pass.
     pub fn validate(&self) -> Result<()> {
         let t = &self.text;
+        for (name, v) in [
+            ("hidden_size", t.hidden_size),
+            ("intermediate_size", t.intermediate_size),
+            ("num_hidden_layers", t.num_hidden_layers),
+            ("num_attention_heads", t.num_attention_heads),
+            ("vocab_size", t.vocab_size),
+            ("vision_config.depth", self.vision.depth),
+            ("vision_config width", self.vision.width),
+            ("vision_config.patch_size", self.vision.patch_size),
+            ("vision_config.spatial_merge_size", self.vision.spatial_merge_size),
+            ("vision_config.temporal_patch_size", self.vision.temporal_patch_size),
+        ] {
+            if v == 0 {
+                bail!("{name} must be at least 1, got 0");
+            }
+        }
         if t.num_attention_heads == 0 || (t.head_dim.is_none() && t.hidden_size % t.num_attention_heads != 0) {
             bail!("hidden_size {} is not divisible by num_attention_heads {}", t.hidden_size, t.num_attention_heads);
         }
@@ -232,7 +248,18 @@ impl Config {
 }
 
 fn parse_vision(variant: Variant, v: &Value, text_hidden: usize) -> Result<VisionConfig> {
-    let get_usize = |key: &str| v.get(key).and_then(Value::as_u64).map(|x| x as usize);
+    // A present but malformed value (negative, fractional, a string) is named as such, not
+    // reported as missing or silently replaced by the default.
+    let field = |key: &str| -> Result<Option<usize>> {
+        match v.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x.as_u64().map(|n| Some(n as usize)).with_context(|| format!("\"{key}\" must be a non-negative integer, got {x}")),
+        }
+    };
+    let get_usize = |key: &str| field(key).ok().flatten();
+    for key in ["patch_size", "spatial_merge_size", "temporal_patch_size", "in_channels", "in_chans", "hidden_size", "out_hidden_size", "depth", "num_heads", "embed_dim", "intermediate_size", "window_size"] {
+        field(key)?;
+    }
     let need = |key: &str| get_usize(key).with_context(|| format!("missing \"{key}\""));
     let act = |default: Act| -> Result<Act> {
         match v.get("hidden_act") {
