@@ -30,6 +30,8 @@ pub const IMAGE: Kind = Kind { what: "image", mib: 256, env: "MERG_MAX_IMAGE_MIB
 pub const RECORDS: Kind = Kind { what: "run file", mib: 4096, env: "MERG_MAX_RECORDS_MIB" };
 /// Videos are streamed by ffmpeg, never read whole; only the regular-file check applies.
 pub const VIDEO: Kind = Kind { what: "video", mib: 1 << 20, env: "MERG_MAX_VIDEO_MIB" };
+/// Weights are memory-mapped, never read whole; only the regular-file check applies.
+pub const WEIGHTS: Kind = Kind { what: "weights", mib: 1 << 30, env: "MERG_MAX_WEIGHTS_MIB" };
 pub const TEXT: Kind = Kind { what: "text file", mib: 16, env: "MERG_MAX_TEXT_MIB" };
 
 impl Kind {

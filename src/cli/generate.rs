@@ -44,6 +44,15 @@ pub struct GenerateArgs {
     engine: EngineArgs,
 }
 
+/// An error about "media item i" also names the file it came from.
+fn name_media(e: anyhow::Error, sources: &[String]) -> anyhow::Error {
+    let msg = format!("{e:#}");
+    match sources.iter().enumerate().find(|(i, _)| msg.contains(&format!("media item {i}:"))) {
+        Some((i, s)) => e.context(format!("media item {i} is {s}")),
+        None => e,
+    }
+}
+
 pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let params = a.sampling.params();
     params.validate().map_err(|e| anyhow::anyhow!("sampling flags: {e:#}"))?;
@@ -64,7 +73,12 @@ pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
     messages.push(Message::new("user", content));
     let cfg = EngineConfig { max_context: a.max_context, ..a.engine.config()? };
     let mut engine = Engine::new(ckpt, cfg)?;
-    let reply = engine.run_all(vec![ChatRequest::new(messages, media, params)]).pop().expect("one request").map_err(with_hint)?;
+    let sources: Vec<String> = a.images.iter().chain(a.video.iter()).map(|p| p.display().to_string()).collect();
+    let reply = engine
+        .run_all(vec![ChatRequest::new(messages, media, params)])
+        .pop()
+        .expect("one request")
+        .map_err(|e| name_media(with_hint(e), &sources))?;
     if a.json {
         let rec = serde_json::json!({
             "text": reply.text,

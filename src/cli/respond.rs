@@ -179,7 +179,7 @@ pub fn cmd_respond(a: RespondArgs) -> Result<()> {
     let thread = EngineThread::spawn(engine);
     let model = EngineModel::new(thread.handle.clone())?;
     let pipeline = Pipeline { model: &model, prompts: &prompts, memory: memory.as_ref(), cfg: &cfg };
-    let trace = pipeline.respond(&dialogue, keyframes, report)?;
+    let trace = pipeline.respond(&dialogue, keyframes, report).with_context(|| format!("answering dialogue {}", a.dialogue.display()))?;
     std::fs::write(&trace_path, serde_json::to_string_pretty(&trace)?)
         .with_context(|| format!("writing the trace to {}", trace_path.display()))?;
     println!("{}", trace.reply);

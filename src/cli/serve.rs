@@ -105,7 +105,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
 
 /// The key, trimmed; an empty file is an error (it would accept an empty bearer token).
 fn read_key(path: &std::path::Path) -> Result<String> {
-    let key = std::fs::read_to_string(path).with_context(|| format!("--api-key-file {}", path.display()))?;
+    let key = merg::input::read_string(path, &merg::input::TEXT).context("--api-key-file")?;
     let key = key.trim().to_string();
     if key.is_empty() {
         anyhow::bail!("--api-key-file {} is empty", path.display());

@@ -147,8 +147,13 @@ pub fn load_csv(path: &Path, split_name: &str, video_dir: Option<&Path>) -> Resu
 /// Reads and validates every row: required columns present, ids numeric, labels in MELD's
 /// seven, no duplicate (dialogue, utterance) ids. Empty utterances are dropped and counted.
 pub fn read_rows(path: &Path, report: &mut LoadReport) -> Result<Vec<Row>> {
-    let file = path.display();
-    let mut rdr = csv::ReaderBuilder::new().has_headers(true).from_reader(crate::input::open(path, &crate::input::DATASET).context("MELD")?);
+    let f = crate::input::open(path, &crate::input::DATASET).context("MELD")?;
+    read_rows_from(f, &path.display().to_string(), report)
+}
+
+/// As `read_rows`, from any reader; `file` names it in errors.
+pub fn read_rows_from<R: std::io::Read>(reader: R, file: &str, report: &mut LoadReport) -> Result<Vec<Row>> {
+    let mut rdr = csv::ReaderBuilder::new().has_headers(true).from_reader(reader);
     let headers = rdr.headers().with_context(|| format!("MELD {file}: reading the header"))?.clone();
     let names: Vec<String> = headers.iter().map(|h| h.trim_start_matches('\u{feff}').trim().to_string()).collect();
     let col = |name: &str| names.iter().position(|h| h == name);

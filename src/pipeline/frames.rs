@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use image::RgbImage;
 use serde::{Deserialize, Serialize};
 
@@ -183,7 +183,12 @@ fn load_or_skip<T>(opts: &FrameOptions, report: &mut FrameReport, path: &Path, w
 }
 
 fn image_frame(p: &Path) -> Result<Vec<(String, RgbImage)>> {
-    Ok(vec![(p.display().to_string(), crate::vision::load_image(p)?)])
+    let img = crate::vision::load_image(p)?;
+    // Qwen's processors refuse aspect ratios over 200; say so here, where the file is known,
+    // rather than later as "media item k" of some agent call.
+    crate::vision::smart_resize(img.height() as usize, img.width() as usize, 28, 56 * 56, 28 * 28 * 1280)
+        .with_context(|| format!("image {} cannot be shown to the model", p.display()))?;
+    Ok(vec![(p.display().to_string(), img)])
 }
 
 fn keyframes(turn: Option<usize>, frames: Vec<(String, RgbImage)>) -> impl Iterator<Item = Keyframe> {

@@ -73,7 +73,13 @@ impl Prompts {
 
     pub fn render<S: Serialize>(&self, name: &str, ctx: S) -> Result<String> {
         let t = self.env.get_template(name).with_context(|| format!("prompt template {name}"))?;
-        let s = t.render(ctx).with_context(|| format!("rendering prompt template {name}.j2"))?;
+        let s = t.render(ctx).map_err(|e| match e.kind() {
+            minijinja::ErrorKind::OutOfFuel => anyhow::anyhow!(
+                "rendering prompt template {name}.j2 stopped after {} steps: the template runs away (a loop that does not end?)",
+                crate::chat::TEMPLATE_FUEL
+            ),
+            _ => anyhow::Error::new(e).context(format!("rendering prompt template {name}.j2")),
+        })?;
         Ok(s.trim().to_string())
     }
 }

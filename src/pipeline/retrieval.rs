@@ -125,18 +125,23 @@ impl Memory {
 
     pub fn from_jsonl(path: &Path) -> Result<Self> {
         let f = crate::input::open(path, &crate::input::MEMORY)?;
+        Self::from_jsonl_reader(std::io::BufReader::new(f), &path.display().to_string())
+    }
+
+    /// As `from_jsonl`, from any reader; `name` names it in errors.
+    pub fn from_jsonl_reader(r: impl BufRead, name: &str) -> Result<Self> {
         let mut entries = vec![];
-        for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
-            let line = line.with_context(|| format!("{} line {}: not UTF-8 text", path.display(), n + 1))?;
+        for (n, line) in r.lines().enumerate() {
+            let line = line.with_context(|| format!("{name} line {}: not UTF-8 text", n + 1))?;
             if line.trim().is_empty() {
                 continue;
             }
             let e: Exemplar = serde_json::from_str(&line)
-                .with_context(|| format!("{} line {}: expected {{\"key\", \"dialogue\", \"context\", \"response\"}}", path.display(), n + 1))?;
+                .with_context(|| format!("{name} line {}: expected {{\"key\", \"dialogue\", \"context\", \"response\"}}", n + 1))?;
             entries.push(e);
         }
         if entries.is_empty() {
-            bail!("exemplar memory {} is empty", path.display());
+            bail!("exemplar memory {name} is empty");
         }
         Ok(Memory::new(entries))
     }

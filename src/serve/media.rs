@@ -2,10 +2,8 @@
 //! limits. The image header is read first, so an oversized image is refused before a single
 //! pixel is allocated. Remote URLs are refused: the server never fetches from the network.
 
-use std::io::Cursor;
-
 use base64::Engine as _;
-use image::{ImageReader, RgbImage};
+use image::RgbImage;
 
 use super::Limits;
 
@@ -35,23 +33,7 @@ pub fn from_base64(b64: &str, what: &str, limits: &Limits) -> Result<RgbImage, S
 }
 
 fn decode(bytes: &[u8], what: &str, limits: &Limits) -> Result<RgbImage, String> {
-    let reader = || ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| format!("{what}: {e}"));
-    let (w, h) = reader()?.into_dimensions().map_err(|e| format!("{what}: not a readable image ({e})"))?;
-    let pixels = w as u64 * h as u64;
-    if pixels == 0 {
-        return Err(format!("{what}: the image is empty ({w}×{h})"));
-    }
-    if pixels > limits.max_image_pixels {
-        return Err(format!("{what}: the image is {w}×{h} = {pixels} pixels; the server's limit is {} pixels", limits.max_image_pixels));
-    }
-    let mut r = reader()?;
-    let mut lim = image::Limits::default();
-    lim.max_image_width = Some(w);
-    lim.max_image_height = Some(h);
-    lim.max_alloc = Some(pixels * 16 + (1 << 20));
-    r.limits(lim);
-    let img = r.decode().map_err(|e| format!("{what}: the image could not be decoded ({e})"))?;
-    Ok(img.to_rgb8())
+    crate::vision::decode_image(bytes, what, limits.max_image_pixels).map_err(|e| format!("{e:#}"))
 }
 
 /// 400 when a request carries more images than the server takes.
@@ -68,7 +50,7 @@ mod tests {
 
     fn png(w: u32, h: u32) -> String {
         let img = RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 7]));
-        let mut buf = Cursor::new(vec![]);
+        let mut buf = std::io::Cursor::new(vec![]);
         img.write_to(&mut buf, image::ImageFormat::Png).unwrap();
         base64::engine::general_purpose::STANDARD.encode(buf.into_inner())
     }
@@ -86,7 +68,7 @@ mod tests {
         assert!(e.contains("image 3") && e.contains("image"), "{e}");
         let small = Limits { max_image_pixels: 10, ..Limits::default() };
         let e = from_base64(&png(5, 3), "image 4", &small).unwrap_err();
-        assert!(e.contains("5×3 = 15 pixels") && e.contains("limit is 10"), "{e}");
+        assert!(e.contains("image 4 is 5×3 = 15 pixels") && e.contains("limit is 10 pixels"), "{e}");
         assert!(check_count(17, &l).unwrap_err().contains("limit is 16"));
     }
 }

@@ -46,21 +46,31 @@ fn load_video(path: &Path, _fps: f64, _max_frames: usize) -> Result<Media> {
     bail!("{}: this merg was built without the `video` feature; pass keyframes as images", path.display())
 }
 
+/// Pixels of the largest image file merg decodes (16384 × 16384, about 0.8 GB as RGB).
+pub const MAX_IMAGE_PIXELS: u64 = 16384 * 16384;
+
 /// Decode an image file (png/jpeg/webp/bmp) into 8-bit RGB, like HF's `convert_to_rgb`.
 pub fn load_image(path: &Path) -> Result<RgbImage> {
     let bytes = crate::input::read(path, &crate::input::IMAGE)?;
-    let reader = image::ImageReader::new(std::io::Cursor::new(bytes))
-        // Sniff the format from content, so a misnamed file still decodes (PIL does the same).
-        .with_guessed_format()
-        .with_context(|| format!("reading image {}", path.display()))?;
-    let img = reader.decode().with_context(|| format!("decoding image {}", path.display()))?;
-    ensure!(
-        img.width() > 0 && img.height() > 0,
-        "image {} is empty ({}x{})",
-        path.display(),
-        img.width(),
-        img.height()
-    );
+    decode_image(&bytes, &format!("image {}", path.display()), MAX_IMAGE_PIXELS)
+}
+
+/// Decodes image bytes (`what` names them in errors). The header is read first, so an image
+/// over `max_pixels` is refused before a single pixel is allocated.
+pub fn decode_image(bytes: &[u8], what: &str, max_pixels: u64) -> Result<RgbImage> {
+    // Sniff the format from content, so a misnamed file still decodes (PIL does the same).
+    let reader = || image::ImageReader::new(std::io::Cursor::new(bytes)).with_guessed_format().with_context(|| format!("reading {what}"));
+    let (w, h) = reader()?.into_dimensions().with_context(|| format!("{what}: not a readable image"))?;
+    let pixels = w as u64 * h as u64;
+    ensure!(pixels > 0, "{what} is empty ({w}×{h})");
+    ensure!(pixels <= max_pixels, "{what} is {w}×{h} = {pixels} pixels; the limit is {max_pixels} pixels");
+    let mut r = reader()?;
+    let mut lim = image::Limits::default();
+    lim.max_image_width = Some(w);
+    lim.max_image_height = Some(h);
+    lim.max_alloc = Some(pixels * 16 + (1 << 20));
+    r.limits(lim);
+    let img = r.decode().with_context(|| format!("decoding {what}"))?;
     // NOTE: PIL's RGBA→RGB conversion drops alpha without compositing; `to_rgb8` does the same.
     Ok(img.to_rgb8())
 }

@@ -8,7 +8,7 @@ pub mod media;
 pub mod preprocess;
 pub mod resize;
 
-pub use media::{load_image, load_media, sample_indices, Media, VideoFrames};
+pub use media::{decode_image, load_image, load_media, sample_indices, Media, VideoFrames};
 #[cfg(feature = "video")]
 pub use media::{load_frames_at, load_video_frames, load_video_frames_with_factor};
 pub use preprocess::{

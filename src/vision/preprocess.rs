@@ -108,8 +108,9 @@ impl PreprocessorConfig {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let text = crate::input::read_string(path, &crate::input::CONFIG).context("reading the preprocessor config")?;
-        let cfg: Self = serde_json::from_str(&text)
-            .with_context(|| format!("parsing preprocessor config {}", path.display()))?;
+        let de = &mut serde_json::Deserializer::from_str(&text);
+        let cfg: Self = serde_path_to_error::deserialize(de)
+            .map_err(|e| anyhow::anyhow!("parsing preprocessor config {}: field {}: {}", path.display(), e.path(), e.inner()))?;
         cfg.validate().with_context(|| format!("invalid preprocessor config {}", path.display()))?;
         Ok(cfg)
     }

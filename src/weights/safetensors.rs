@@ -12,6 +12,20 @@ use safetensors::tensor::{Dtype as StDtype, SafeTensors};
 
 use super::{Expect, WeightSource};
 
+/// The tensors of a safetensors file's bytes, checked to be complete and floating point;
+/// `file` names it in errors.
+pub fn float_tensor_names(bytes: &[u8], file: &str) -> Result<Vec<String>> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| anyhow::anyhow!("{file}: not a valid safetensors file (truncated or corrupt?): {e}"))?;
+    let mut names = vec![];
+    for (name, view) in st.tensors() {
+        match view.dtype() {
+            StDtype::F32 | StDtype::F16 | StDtype::BF16 | StDtype::F64 => names.push(name),
+            other => bail!("{file}: tensor {name} has dtype {other:?}; model weights must be floating point (f32/f16/bf16)"),
+        }
+    }
+    Ok(names)
+}
+
 /// Reads every shard's header and checks that it is complete and holds float tensors.
 /// Returns tensor → file.
 pub fn index_shards(files: &[PathBuf]) -> Result<HashMap<String, PathBuf>> {
@@ -20,19 +34,11 @@ pub fn index_shards(files: &[PathBuf]) -> Result<HashMap<String, PathBuf>> {
     }
     let mut owner = HashMap::new();
     for f in files {
+        crate::input::regular_file(f, &crate::input::WEIGHTS)?;
         let file = std::fs::File::open(f).with_context(|| format!("cannot open weights {}", f.display()))?;
         // SAFETY: read-only map of a file we do not modify; candle maps the same files the same way.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", f.display()))?;
-        let st = SafeTensors::deserialize(&mmap)
-            .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file (truncated or corrupt?): {e}", f.display()))?;
-        for (name, view) in st.tensors() {
-            match view.dtype() {
-                StDtype::F32 | StDtype::F16 | StDtype::BF16 | StDtype::F64 => {}
-                other => bail!(
-                    "{}: tensor {name} has dtype {other:?}; model weights must be floating point (f32/f16/bf16)",
-                    f.display()
-                ),
-            }
+        for name in float_tensor_names(&mmap, &f.display().to_string())? {
             if let Some(prev) = owner.insert(name.clone(), f.clone()) {
                 bail!("tensor {name} appears in both {} and {}", prev.display(), f.display());
             }
