@@ -232,3 +232,64 @@ fn bad_eval_input_is_a_clear_error() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("/nonexistent"), "{e}");
 }
+
+/// `--concurrency 4` batches four dialogues' agent calls together. Replies, forecasts, plans,
+/// verdicts and every text metric equal `--concurrency 1`'s, on the greedy and the seeded path;
+/// the reply log-probs (and so PPL) may differ in their last digits, because a different batch
+/// composition changes the f32 summation order inside the matrix products (README: Evaluation).
+#[test]
+fn concurrency_four_gives_the_records_of_concurrency_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, sampling) in [("greedy", ["--temperature", "0"]), ("seeded", ["--temperature", "0.7"])] {
+        let run = |c: &str| {
+            let out = tmp.path().join(format!("{name}-{c}"));
+            ok(eval_cmd(&out, &[&sampling[..], &["--seed", "3", "--limit", "4", "--t-max", "0", "--concurrency", c]].concat()).output().unwrap());
+            out
+        };
+        let (one, four) = (run("1"), run("4"));
+        let (mut a, mut b) = (records(&one), records(&four));
+        assert_eq!(a.len(), 4);
+        let (la, lb) = (take_float_fields(&mut a), take_float_fields(&mut b));
+        assert_eq!(a, b, "{name}: records differ between --concurrency 1 and 4");
+        assert_eq!(la.len(), lb.len());
+        for (x, y) in la.iter().zip(&lb) {
+            assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "{name}: log-prob/PPL {x} vs {y}");
+        }
+        let (mut sa, mut sb) = (results_summary(&one), results_summary(&four));
+        let (pa, pb) = (take_float_fields(std::slice::from_mut(&mut sa)), take_float_fields(std::slice::from_mut(&mut sb)));
+        assert_eq!(sa, sb, "{name}: summaries differ");
+        for (x, y) in pa.iter().zip(&pb) {
+            assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "{name}: summary PPL {x} vs {y}");
+        }
+    }
+}
+
+/// Removes the fields that carry log-probabilities (`reply_logprobs`, `ppl`, anywhere) and
+/// returns their numbers in order.
+fn take_float_fields(vs: &mut [Value]) -> Vec<f64> {
+    fn walk(v: &mut Value, out: &mut Vec<f64>) {
+        match v {
+            Value::Object(o) => {
+                for k in ["reply_logprobs", "ppl", "PPL"] {
+                    if let Some(x) = o.remove(k) {
+                        flat(&x, out);
+                    }
+                }
+                o.values_mut().for_each(|x| walk(x, out));
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    fn flat(v: &Value, out: &mut Vec<f64>) {
+        match v {
+            Value::Number(n) => out.push(n.as_f64().unwrap()),
+            Value::Array(a) => a.iter().for_each(|x| flat(x, out)),
+            Value::Object(o) => o.values().for_each(|x| flat(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = vec![];
+    vs.iter_mut().for_each(|v| walk(v, &mut out));
+    out
+}
