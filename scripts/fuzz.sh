@@ -26,7 +26,8 @@ fi
 export PATH="$root/bin:$PATH"
 out="${CARGO_TARGET_DIR:-$PWD/target}/fuzz"
 mkdir -p "$out"
-export CARGO_TARGET_DIR="$out/build"
+# The instrumented build (nightly, sanitizer coverage) never shares merg's own target dir.
+export CARGO_TARGET_DIR="${MERG_FUZZ_BUILD_DIR:-$out/build}"
 cargo +nightly fuzz build --fuzz-dir tests/fuzz -O --debug-assertions >&2
 status=0
 for t in "${targets[@]}"; do

@@ -68,3 +68,24 @@ impl Checkpoint {
         self.files.as_ref().map(|f| f.tokenizer.clone())
     }
 }
+
+/// Bytes free on `device`: free GPU memory, or MemAvailable on the host (4 GiB where unknown).
+/// Sizes derived from configs and flags are checked against it before allocating, because a
+/// failed allocation aborts the process instead of returning an error.
+pub fn available_memory(device: &Device) -> Result<u64> {
+    if device.is_cuda() {
+        #[cfg(feature = "cuda")]
+        {
+            let (free, _total) = cudarc::driver::result::mem_get_info().context("querying free GPU memory")?;
+            return Ok(free as u64);
+        }
+    }
+    // CPU: MemAvailable from /proc/meminfo; elsewhere assume 4 GiB.
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kb = info
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse::<u64>().ok());
+    Ok(kb.map(|k| k * 1024).unwrap_or(4 << 30))
+}

@@ -286,6 +286,11 @@ fn hostile_checkpoints_templates_and_flags() {
         write(d, "huge.png", b)
     };
     let thin = png(d, "thin.png", 300, 1);
+    let absurd = d.join("absurd.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("models/dummy-small-qwen2.5-vl.json")).unwrap()).unwrap();
+    cfg["vocab_size"] = 100_000_000.into();
+    cfg["intermediate_size"] = 1_000_000_000.into();
+    std::fs::write(&absurd, cfg.to_string()).unwrap();
     let case = |name, args: Vec<String>, needles: &[&str]| Case { args, ..Case::fails(name, &[], needles) };
     check(vec![
         case("model dir missing", gen(&s(&d.join("no_model")), &[]), &["no_model"]),
@@ -301,6 +306,7 @@ fn hostile_checkpoints_templates_and_flags() {
         case("NaN weights", gen(&nan, &[]), &["nan_weights", "non-finite"]),
         case("KV memory 1e30", gen_kv(&model, "1e30", &[]), &["KV pool", "available"]),
         case("KV memory blocks:10^15", gen_kv(&model, "blocks:1000000000000000", &[]), &["KV pool", "available"]),
+        case("dummy weights of an absurd config", vec!["bench".into(), "--config".into(), s(&absurd), "--prompt-tokens".into(), "8".into(), "--decode-tokens".into(), "2".into()], &["too large for this machine"]),
         case("KV memory nonsense", gen_kv(&model, "lots", &[]), &["--kv-memory", "lots"]),
         case("image is /dev/zero", gen(&model, &["--image", "/dev/zero"]), &["image /dev/zero is not a regular file"]),
         case("image is a FIFO", gen(&model, &["--image", &pipe]), &["FIFO"]),

@@ -61,23 +61,6 @@ pub fn bytes_per_block(spec: &ModelSpec, block_size: usize, dtype: DType) -> u64
     2 * spec.num_attention_layers() as u64 * block_size as u64 * spec.num_kv_heads as u64 * spec.head_dim as u64 * dtype.size_in_bytes() as u64
 }
 
-fn available_bytes(device: &Device) -> Result<u64> {
-    if device.is_cuda() {
-        #[cfg(feature = "cuda")]
-        {
-            let (free, _total) = cudarc::driver::result::mem_get_info().context("querying free GPU memory")?;
-            return Ok(free as u64);
-        }
-    }
-    // CPU: MemAvailable from /proc/meminfo; elsewhere assume 4 GiB.
-    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let kb = info
-        .lines()
-        .find(|l| l.starts_with("MemAvailable:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|n| n.parse::<u64>().ok());
-    Ok(kb.map(|k| k * 1024).unwrap_or(4 << 30))
-}
 
 pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype: DType, device: &Device) -> Result<usize> {
     // A model without attention layers needs no pool; one block keeps the bookkeeping uniform.
@@ -85,14 +68,14 @@ pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype
     let n = match mem {
         KvMemory::Blocks(n) => *n,
         KvMemory::Bytes(b) => (*b / per) as usize,
-        KvMemory::Fraction(f) => ((available_bytes(device)? as f64 * f) as u64 / per) as usize,
+        KvMemory::Fraction(f) => ((crate::checkpoint::available_memory(device)? as f64 * f) as u64 / per) as usize,
     };
     if n == 0 {
         bail!("KV memory {mem:?} holds no block of {block_size} tokens ({per} bytes each)");
     }
     // Checked before allocating: a failed allocation aborts the process instead of erroring.
     let want = (n as u64).saturating_mul(per);
-    let avail = available_bytes(device)?;
+    let avail = crate::checkpoint::available_memory(device)?;
     if want > avail {
         bail!(
             "the KV pool would take {:.1} GiB ({n} blocks of {per} bytes) but the device has {:.1} GiB available; ask for less KV memory",

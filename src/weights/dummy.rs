@@ -9,6 +9,15 @@ use super::{Expect, WeightSource};
 
 pub struct DummyWeights {
     pub std: f64,
+    /// Bytes handed out so far, checked against the device before each allocation (an
+    /// absurd config must be an error, not an abort).
+    pub used: std::sync::atomic::AtomicU64,
+}
+
+impl DummyWeights {
+    pub fn new(std: f64) -> Self {
+        DummyWeights { std, used: Default::default() }
+    }
 }
 
 impl WeightSource for DummyWeights {
@@ -25,6 +34,16 @@ impl WeightSource for DummyWeights {
         let Some(Expect { shape, init }) = expect else {
             candle_core::bail!("dummy weights need a shape for {name}")
         };
+        // f32 first, then the target dtype: both exist for a moment.
+        let bytes = (shape.elem_count() as u64).saturating_mul(4 + dtype.size_in_bytes() as u64);
+        let used = self.used.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed).saturating_add(bytes);
+        let avail = crate::checkpoint::available_memory(dev).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        if used > avail {
+            candle_core::bail!(
+                "dummy weights need more than the {:.1} GiB available on the device (at tensor {name} {shape:?}); the config's sizes are too large for this machine",
+                avail as f64 / (1u64 << 30) as f64
+            )
+        }
         let t = match init {
             Init::Const(c) => Tensor::ones(shape, DType::F32, dev)?.affine(c, 0.)?,
             _ if name.ends_with("bias") => Tensor::zeros(shape, DType::F32, dev)?,

@@ -84,7 +84,7 @@ impl Weights {
 
     /// Random weights of whatever shapes the model asks for.
     pub fn dummy(dtype: DType, device: &Device) -> Self {
-        Self::new(Arc::new(DummyWeights { std: 0.02 }), dtype, device)
+        Self::new(Arc::new(DummyWeights::new(0.02)), dtype, device)
     }
 
     pub fn pp(&self, s: impl ToString) -> Self {
