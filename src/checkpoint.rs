@@ -12,13 +12,15 @@ use crate::models::{self, Model};
 use crate::processor::Processor;
 use crate::tokenizer::ChatTokenizer;
 use crate::vision::PreprocessorConfig;
-use crate::weights::Weights;
+use crate::weights::{Quant, QuantStats, Weights};
 
 pub struct Checkpoint {
     pub model: Arc<dyn Model>,
     pub processor: Processor,
     /// Where it came from (absent for dummy weights).
     pub files: Option<ModelFiles>,
+    /// What in-situ quantization did, when it was asked for.
+    pub quant_stats: Option<Arc<QuantStats>>,
 }
 
 /// A device by name: "cpu", "cuda" or "cuda:N".
@@ -35,12 +37,39 @@ pub fn parse_device(name: &str) -> Result<Device> {
     }
 }
 
+/// How to load: compute dtype (None: the device's default) and in-situ quantization.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    pub dtype: Option<DType>,
+    /// Quantize the decoder's linear weights to this llama.cpp block format while loading.
+    pub quant: Option<Quant>,
+    /// Quantize the vision tower's linear weights too.
+    pub quant_vision: bool,
+}
+
+impl LoadOptions {
+    fn weights(&self, w: Weights) -> (Weights, Option<Arc<QuantStats>>) {
+        match self.quant {
+            Some(q) => {
+                let (w, stats) = w.quantize(q, self.quant_vision);
+                (w, Some(stats))
+            }
+            None => (w, None),
+        }
+    }
+}
+
 impl Checkpoint {
     /// Loads a checkpoint found by `hub::resolve` (repo id or local directory).
     pub fn load(files: ModelFiles, device: &Device, dtype: Option<DType>) -> Result<Self> {
+        Self::load_with(files, device, &LoadOptions { dtype, ..Default::default() })
+    }
+
+    /// As `load`, with quantization.
+    pub fn load_with(files: ModelFiles, device: &Device, opts: &LoadOptions) -> Result<Self> {
         let config = models::registry::read_config(&files.config)?;
-        let dtype = dtype.unwrap_or_else(|| crate::weights::default_dtype(device));
-        let weights = Weights::safetensors(&files.weights, dtype, device)?;
+        let dtype = opts.dtype.unwrap_or_else(|| crate::weights::default_dtype(device));
+        let (weights, quant_stats) = opts.weights(Weights::safetensors(&files.weights, dtype, device)?);
         let model = models::load(&config, weights).with_context(|| format!("loading model {} ({})", files.source, files.config.display()))?;
         let tokenizer = Arc::new(ChatTokenizer::from_dir(&files.dir)?);
         let preprocessor = match &files.preprocessor_config {
@@ -48,15 +77,22 @@ impl Checkpoint {
             None => PreprocessorConfig::default(),
         };
         let processor = Processor::new(tokenizer, preprocessor, model.spec());
-        Ok(Checkpoint { model, processor, files: Some(files) })
+        Ok(Checkpoint { model, processor, files: Some(files), quant_stats })
     }
 
     /// Random weights for a config.json, with a separate tokenizer (benchmarks).
     pub fn dummy(config: &std::path::Path, tokenizer: ChatTokenizer, device: &Device, dtype: DType) -> Result<Self> {
+        Self::dummy_with(config, tokenizer, device, &LoadOptions { dtype: Some(dtype), ..Default::default() })
+    }
+
+    /// As `dummy`, with quantization (each random tensor quantized as it is made).
+    pub fn dummy_with(config: &std::path::Path, tokenizer: ChatTokenizer, device: &Device, opts: &LoadOptions) -> Result<Self> {
         let cfg = models::registry::read_config(config)?;
-        let model = models::load(&cfg, Weights::dummy(dtype, device)).with_context(|| format!("model config {}", config.display()))?;
+        let dtype = opts.dtype.unwrap_or_else(|| crate::weights::default_dtype(device));
+        let (weights, quant_stats) = opts.weights(Weights::dummy(dtype, device));
+        let model = models::load(&cfg, weights).with_context(|| format!("model config {}", config.display()))?;
         let processor = Processor::new(Arc::new(tokenizer), PreprocessorConfig::default(), model.spec());
-        Ok(Checkpoint { model, processor, files: None })
+        Ok(Checkpoint { model, processor, files: None, quant_stats })
     }
 
     pub fn tokenizer(&self) -> &ChatTokenizer {

@@ -34,11 +34,6 @@ impl Case {
         }
     }
 
-    fn env(mut self, k: &'static str, v: &str) -> Case {
-        self.env.push((k, v.to_string()));
-        self
-    }
-
     fn within(mut self, secs: u64) -> Case {
         self.secs = secs;
         self

@@ -10,7 +10,7 @@ use clap::Args;
 use merg::checkpoint::Checkpoint;
 use merg::generate::{decode_inputs, forward_logits, VisionInput};
 use merg::models::{registry, DenseCache};
-use merg::weights::Weights;
+use merg::weights::{Quant, Weights};
 
 use super::{device_and_dtype, EngineArgs};
 
@@ -33,6 +33,13 @@ pub struct BenchArgs {
     prompt_tokens: usize,
     #[arg(long, default_value_t = 64)]
     decode_tokens: usize,
+    /// Weight formats to measure in this one run, comma-separated: `none` (the --dtype
+    /// weights) or a quantization (q8_0, q6k, q5k, q4k). Ratios are to the first.
+    #[arg(long, value_delimiter = ',', default_value = "none")]
+    quant: Vec<String>,
+    /// Quantize the vision tower too.
+    #[arg(long)]
+    quant_vision: bool,
 }
 
 #[derive(Args)]
@@ -71,6 +78,29 @@ pub struct BenchAgentsArgs {
 }
 
 pub fn cmd_bench(a: BenchArgs) -> Result<()> {
+    let quants = a
+        .quant
+        .iter()
+        .map(|q| if q == "none" { Ok(None) } else { Quant::parse(q).map(Some) })
+        .collect::<Result<Vec<_>>>()
+        .context("--quant")?;
+    let mut recs: Vec<serde_json::Value> = vec![];
+    for q in quants {
+        let rec = bench_one(&a, q)?;
+        if let Some(base) = recs.first() {
+            for k in ["prefill_tokens_per_s", "decode_tokens_per_s"] {
+                let ratio = rec[k].as_f64().unwrap_or(0.0) / base[k].as_f64().unwrap_or(1.0);
+                println!("{} {}: {:.2} tok/s, {ratio:.2}x {}", &k[..k.find('_').unwrap_or(k.len())], rec["weights"].as_str().unwrap_or(""), rec[k].as_f64().unwrap_or(0.0), base["weights"].as_str().unwrap_or(""));
+            }
+        }
+        println!("{}", serde_json::to_string_pretty(&rec)?);
+        recs.push(rec);
+    }
+    Ok(())
+}
+
+/// Prefill then decode at batch 1 with one weight format.
+fn bench_one(a: &BenchArgs, quant: Option<Quant>) -> Result<serde_json::Value> {
     let (device, dtype) = device_and_dtype(&a.device, a.dtype.as_deref())?;
     let dtype = dtype.unwrap_or_else(|| merg::weights::default_dtype(&device));
     let (config, weights) = match (&a.config, &a.model) {
@@ -81,6 +111,13 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
             (registry::read_config(&files.config)?, w)
         }
         (None, None) => anyhow::bail!("bench needs --config FILE or --model MODEL"),
+    };
+    let (weights, stats) = match quant {
+        Some(q) => {
+            let (w, s) = weights.quantize(q, a.quant_vision);
+            (w, Some(s))
+        }
+        None => (weights, None),
     };
     let model = registry::load(&config, weights)?;
     let spec = model.spec().clone();
@@ -106,7 +143,11 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     }
     sync(&device)?;
     let decode_s = t1.elapsed().as_secs_f64();
+    let weights_name = quant.map(|q| q.name().to_string()).unwrap_or_else(|| format!("{dtype:?}").to_lowercase());
     let rec = serde_json::json!({
+        "weights": weights_name,
+        "quantized_linear_weights": stats.as_ref().map(|s| s.quantized.load(std::sync::atomic::Ordering::Relaxed)),
+        "quantized_bytes": stats.as_ref().map(|s| s.quantized_bytes.load(std::sync::atomic::Ordering::Relaxed)),
         "family": spec.model_type,
         "hidden_size": spec.hidden_size,
         "layers": spec.layers.len(),
@@ -118,8 +159,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         "prefill_tokens_per_s": a.prompt_tokens as f64 / prefill_s,
         "decode_tokens_per_s": a.decode_tokens as f64 / decode_s,
     });
-    println!("{}", serde_json::to_string_pretty(&rec)?);
-    Ok(())
+    Ok(rec)
 }
 
 fn default_tokenizer() -> Option<PathBuf> {

@@ -88,6 +88,12 @@ pub struct EvalArgs {
     /// f32, f16 or bf16 (default: bf16 on CUDA, f32 on CPU).
     #[arg(long)]
     pub dtype: Option<String>,
+    /// Quantize the decoder's linear weights while loading (q8_0, q6k, q5k, q4k).
+    #[arg(long)]
+    pub quant: Option<String>,
+    /// With --quant, quantize the vision tower too.
+    #[arg(long, requires = "quant")]
+    pub quant_vision: bool,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
     #[command(flatten)]
@@ -147,6 +153,8 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
         revision: a.revision.clone(),
         device: a.device.clone(),
         dtype: a.dtype.clone(),
+        quant: a.quant.clone(),
+        quant_vision: a.quant_vision,
     };
     let model = &model;
     let (items, report) = data.load()?;

@@ -62,6 +62,13 @@ pub struct ModelArgs {
     /// f32, f16 or bf16 (default: bf16 on CUDA, f32 on CPU).
     #[arg(long)]
     pub dtype: Option<String>,
+    /// Quantize the decoder's linear weights while loading: q8_0, q6k, q5k or q4k
+    /// (llama.cpp's formats; embeddings and norms stay as they are).
+    #[arg(long)]
+    pub quant: Option<String>,
+    /// With --quant, quantize the vision tower's linear weights too.
+    #[arg(long, requires = "quant")]
+    pub quant_vision: bool,
 }
 
 #[derive(Args)]
@@ -101,8 +108,9 @@ pub fn device_and_dtype(device: &str, dtype: Option<&str>) -> Result<(candle_cor
 
 pub fn load_checkpoint(m: &ModelArgs) -> Result<Checkpoint> {
     let (device, dtype) = device_and_dtype(&m.device, m.dtype.as_deref())?;
+    let quant = m.quant.as_deref().map(merg::weights::Quant::parse).transpose().map_err(|e| anyhow::anyhow!("--quant: {e:#}"))?;
     let files = merg::hub::resolve(&m.model, m.revision.as_deref())?;
-    Checkpoint::load(files, &device, dtype)
+    Checkpoint::load_with(files, &device, &merg::checkpoint::LoadOptions { dtype, quant, quant_vision: m.quant_vision })
 }
 
 /// An engine error with the flag that addresses it, for the terminal.

@@ -3,7 +3,7 @@
 //! code never knows which: a weight source that yields quantized tensors changes no model.
 
 use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{Module, Result, Tensor};
+use candle_core::{DType, Module, Result, Tensor};
 use std::sync::Arc;
 
 use crate::weights::Weights;
@@ -57,7 +57,12 @@ impl Module for Linear {
                     x.matmul(&w.t()?)?
                 }
             }
-            q => q.forward(x)?,
+            // Quantized kernels take contiguous f32 (or f16) rows; other dtypes round-trip.
+            q => {
+                let dt = x.dtype();
+                let x32 = if matches!(dt, DType::F32 | DType::F16) { x.contiguous()? } else { x.to_dtype(DType::F32)?.contiguous()? };
+                q.forward(&x32)?.to_dtype(dt)?
+            }
         };
         match &self.bias {
             None => Ok(y),
@@ -76,10 +81,10 @@ pub fn linear(in_dim: usize, out_dim: usize, bias: bool, w: Weights) -> Result<L
         true => Some(w.vb().get_with_hints(out_dim, "bias", candle_nn::Init::Uniform { lo: -bound, up: bound })?),
         false => None,
     };
-    match w.quantized("weight") {
+    let want = candle_core::Shape::from((out_dim, in_dim));
+    match w.quantized("weight", &want) {
         Some(q) => {
             let q = q?;
-            let want = candle_core::Shape::from((out_dim, in_dim));
             if q.shape() != &want {
                 candle_core::bail!("shape mismatch for {}, expected {want:?}, got {:?}", w.vb().prefix(), q.shape());
             }

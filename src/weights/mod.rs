@@ -9,7 +9,8 @@
 //! change to model code.
 
 mod dummy;
-mod safetensors;
+mod quantize;
+pub mod safetensors;
 
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 
 pub use self::dummy::DummyWeights;
+pub use self::quantize::{Quant, QuantStats, QuantizingSource};
 pub use self::safetensors::{index_shards, SafetensorsWeights};
 
 /// What a model asks of a tensor: its shape and how a file-less source should initialise it.
@@ -36,8 +38,9 @@ pub trait WeightSource: Send + Sync {
     /// A float tensor converted to `dtype` on `dev`. `expect` is absent when the caller takes
     /// whatever shape is stored; file sources check it, generated sources create from it.
     fn tensor(&self, name: &str, expect: Option<Expect>, dtype: DType, dev: &Device) -> candle_core::Result<Tensor>;
-    /// The tensor in a quantized block format, when the source holds it so.
-    fn quantized(&self, _name: &str, _dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {
+    /// The tensor in a quantized block format, when the source holds (or makes) it so.
+    /// Asked only for linear weights; `expect` carries their `[out, in]` shape.
+    fn quantized(&self, _name: &str, _expect: Option<Expect>, _dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {
         None
     }
 }
@@ -105,11 +108,21 @@ impl Weights {
         self.vb.contains_tensor(name)
     }
 
-    /// `name` (relative) in a quantized format, when the source holds it so.
-    pub fn quantized(&self, name: &str) -> Option<candle_core::Result<Arc<QTensor>>> {
+    /// Linear weight `name` (relative) of `shape` in a quantized format, when the source
+    /// holds or makes it so.
+    pub fn quantized(&self, name: &str, shape: &Shape) -> Option<candle_core::Result<Arc<QTensor>>> {
         let prefix = self.vb.prefix();
         let full = if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
-        self.source.quantized(&full, self.vb.device())
+        let expect = Expect { shape, init: candle_nn::init::DEFAULT_KAIMING_NORMAL };
+        self.source.quantized(&full, Some(expect), self.vb.device())
+    }
+
+    /// The same weights with linear layers quantized to `quant` as they load (the vision
+    /// tower too when `vision`). The statistics fill in as the model loads.
+    pub fn quantize(self, quant: Quant, vision: bool) -> (Self, Arc<QuantStats>) {
+        let src = QuantizingSource::new(self.source.clone(), quant, vision);
+        let stats = src.stats.clone();
+        (Self::new(Arc::new(src), self.dtype(), self.device()), stats)
     }
 
     pub fn describe(&self) -> String {

@@ -1,0 +1,154 @@
+//! In-situ quantization: a float weight source whose linear weights come out in llama.cpp's
+//! block formats (through candle's quantized tensors and kernels), quantized one tensor at a
+//! time as the model loads, so peak memory stays near the quantized size. Embeddings, norms,
+//! biases and every non-linear tensor stay as they are; the vision tower only on request.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+
+use super::{Expect, WeightSource};
+
+/// A quantization type, named as llama.cpp names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quant {
+    Q8_0,
+    Q6K,
+    Q5K,
+    Q4K,
+}
+
+impl Quant {
+    pub const ALL: [Quant; 4] = [Quant::Q8_0, Quant::Q6K, Quant::Q5K, Quant::Q4K];
+
+    pub fn parse(s: &str) -> Result<Quant> {
+        Ok(match s.to_ascii_lowercase().replace('_', "").as_str() {
+            "q80" => Quant::Q8_0,
+            "q6k" => Quant::Q6K,
+            "q5k" => Quant::Q5K,
+            "q4k" => Quant::Q4K,
+            _ => bail!("unknown quantization {s:?}: use q8_0, q6k, q5k or q4k"),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Quant::Q8_0 => "q8_0",
+            Quant::Q6K => "q6k",
+            Quant::Q5K => "q5k",
+            Quant::Q4K => "q4k",
+        }
+    }
+
+    pub fn ggml(self) -> GgmlDType {
+        match self {
+            Quant::Q8_0 => GgmlDType::Q8_0,
+            Quant::Q6K => GgmlDType::Q6K,
+            Quant::Q5K => GgmlDType::Q5K,
+            Quant::Q4K => GgmlDType::Q4K,
+        }
+    }
+
+    /// Bits per weight of the block format (scales included).
+    pub fn bits_per_weight(self) -> f64 {
+        let g = self.ggml();
+        (g.type_size() * 8) as f64 / g.block_size() as f64
+    }
+}
+
+/// How many linear weights were quantized, kept dense, and their bytes.
+#[derive(Default, Debug)]
+pub struct QuantStats {
+    pub quantized: AtomicUsize,
+    /// Rows too short for the format's blocks, quantized as q8_0 instead (llama.cpp's fallback).
+    pub fallback_q8_0: AtomicUsize,
+    /// Rows too short even for q8_0's 32-weight blocks, or vision weights: left dense.
+    pub dense: AtomicUsize,
+    pub quantized_bytes: AtomicU64,
+}
+
+pub struct QuantizingSource {
+    inner: Arc<dyn WeightSource>,
+    quant: Quant,
+    vision: bool,
+    pub stats: Arc<QuantStats>,
+}
+
+impl QuantizingSource {
+    pub fn new(inner: Arc<dyn WeightSource>, quant: Quant, vision: bool) -> Self {
+        QuantizingSource { inner, quant, vision, stats: Arc::default() }
+    }
+
+    /// The format a weight whose rows hold `in_dim` values gets, if any.
+    fn format_for(&self, in_dim: usize) -> Option<GgmlDType> {
+        let want = self.quant.ggml();
+        if in_dim % want.block_size() == 0 {
+            Some(want)
+        } else if in_dim % GgmlDType::Q8_0.block_size() == 0 {
+            self.stats.fallback_q8_0.fetch_add(1, Ordering::Relaxed);
+            Some(GgmlDType::Q8_0)
+        } else {
+            None
+        }
+    }
+}
+
+/// Whether a tensor belongs to the vision tower (hub layouts: `visual.*`, `model.visual.*`).
+fn is_vision(name: &str) -> bool {
+    name.starts_with("visual.") || name.contains(".visual.")
+}
+
+impl WeightSource for QuantizingSource {
+    fn describe(&self) -> String {
+        format!("{} (quantized to {} while loading)", self.inner.describe(), self.quant.name())
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(name)
+    }
+
+    fn tensor(&self, name: &str, expect: Option<Expect>, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        self.inner.tensor(name, expect, dtype, dev)
+    }
+
+    fn quantized(&self, name: &str, expect: Option<Expect>, dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {
+        if let Some(q) = self.inner.quantized(name, expect, dev) {
+            return Some(q);
+        }
+        let in_dim = expect.and_then(|e| e.shape.dims().last().copied());
+        let format = match in_dim {
+            Some(d) if self.vision || !is_vision(name) => self.format_for(d),
+            _ => None,
+        };
+        let Some(format) = format else {
+            self.stats.dense.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        // One f32 copy of this tensor at a time, on the host, where candle quantizes.
+        let q = self.inner.tensor(name, expect, DType::F32, &Device::Cpu).and_then(|t| QTensor::quantize_onto(&t, format, dev));
+        if let Ok(q) = &q {
+            self.stats.quantized.fetch_add(1, Ordering::Relaxed);
+            self.stats.quantized_bytes.fetch_add(q.storage_size_in_bytes() as u64, Ordering::Relaxed);
+        }
+        Some(q.map(Arc::new))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_like_llama_cpp() {
+        for q in Quant::ALL {
+            assert_eq!(Quant::parse(q.name()).unwrap(), q);
+        }
+        assert_eq!(Quant::parse("Q4_K").unwrap(), Quant::Q4K);
+        assert!(Quant::parse("iq2_xxs").unwrap_err().to_string().contains("iq2_xxs"));
+        assert!((Quant::Q8_0.bits_per_weight() - 8.5).abs() < 1e-9);
+        assert!((Quant::Q4K.bits_per_weight() - 4.5).abs() < 1e-9);
+    }
+}
