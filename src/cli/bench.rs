@@ -119,7 +119,9 @@ fn bench_one(a: &BenchArgs, quant: Option<Quant>) -> Result<serde_json::Value> {
         }
         None => (weights, None),
     };
+    let t_load = Instant::now();
     let model = registry::load(&config, weights)?;
+    let load_s = t_load.elapsed().as_secs_f64();
     let spec = model.spec().clone();
     if a.prompt_tokens == 0 || a.prompt_tokens + a.decode_tokens >= spec.max_context {
         anyhow::bail!("--prompt-tokens must be ≥ 1 and prompt + decode must fit the context ({})", spec.max_context);
@@ -158,8 +160,17 @@ fn bench_one(a: &BenchArgs, quant: Option<Quant>) -> Result<serde_json::Value> {
         "decode_tokens": a.decode_tokens,
         "prefill_tokens_per_s": a.prompt_tokens as f64 / prefill_s,
         "decode_tokens_per_s": a.decode_tokens as f64 / decode_s,
+        "load_s": load_s,
+        "peak_rss_bytes": peak_rss(),
     });
     Ok(rec)
+}
+
+/// The process's peak resident memory so far (Linux VmHWM), for load-memory figures.
+fn peak_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = s.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 fn default_tokenizer() -> Option<PathBuf> {
