@@ -258,7 +258,7 @@ fn resolve_cached(repo: &str, revision: &str, cache_dir: &Path) -> Result<ModelF
 fn snapshot_dir(repo_dir: &Path, revision: &str) -> Option<PathBuf> {
     // hf_hub::Cache does the refs lookup but does not trim the ref file nor accept commit
     // hashes; the layout is simple enough to read directly.
-    let from_ref = std::fs::read_to_string(repo_dir.join("refs").join(revision))
+    let from_ref = crate::input::read_string(&repo_dir.join("refs").join(revision), &crate::input::TEXT)
         .ok()
         .map(|h| repo_dir.join("snapshots").join(h.trim()));
     from_ref

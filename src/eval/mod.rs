@@ -274,7 +274,7 @@ fn prepare_out(out: &Path, spec: &RunSpec) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let cfg = out.join("config.json");
     if cfg.exists() {
-        let old: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg)?).with_context(|| format!("reading {}", cfg.display()))?;
+        let old: serde_json::Value = serde_json::from_str(&crate::input::read_string(&cfg, &crate::input::CONFIG)?).with_context(|| format!("reading {}", cfg.display()))?;
         let new = serde_json::to_value(spec)?;
         if old != new {
             let diff: Vec<String> = new

@@ -416,7 +416,7 @@ impl EncoderCheckpoint {
     /// Special token string from tokenizer_config.json (`"<s>"` or `{"content": "<s>", ...}`).
     pub fn special_token(&self, key: &str) -> Option<String> {
         let path = self.files.tokenizer_config.as_ref()?;
-        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&crate::input::read_string(path, &crate::input::CONFIG).ok()?).ok()?;
         match v.get(key)? {
             serde_json::Value::String(s) => Some(s.clone()),
             o => o.get("content")?.as_str().map(str::to_string),
@@ -426,7 +426,7 @@ impl EncoderCheckpoint {
     /// `model_max_length` from tokenizer_config.json, when present and sane.
     pub fn model_max_length(&self) -> Option<usize> {
         let path = self.files.tokenizer_config.as_ref()?;
-        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&crate::input::read_string(path, &crate::input::CONFIG).ok()?).ok()?;
         // transformers writes 1e30 for "no limit".
         v.get("model_max_length")?.as_f64().filter(|&n| n >= 1.0 && n < 1e9).map(|n| n as usize)
     }
