@@ -109,3 +109,21 @@ fn quant_flags_are_checked() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// `merg bench --quant` measures several formats in one run and names each ratio; on rows of
+/// 256+ values (the small dummy config) q4k really is q4k, not the q8_0 fallback.
+#[test]
+fn bench_measures_formats_in_one_run() {
+    let cfg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/dummy-small-qwen2.5-vl.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_merg"))
+        .args(["bench", "--config", cfg.to_str().unwrap(), "--quant", "none,q4k", "--prompt-tokens", "8", "--decode-tokens", "2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for line in ["decode q4k:", "prefill q4k:"] {
+        assert!(text.contains(line), "no {line:?} in {text}");
+    }
+    // 4 layers × 7 projections + lm_head = 29 linears, all with rows of 256 or 512 values.
+    assert_eq!(text.matches("\"quantized_linear_weights\": 29").count(), 1, "{text}");
+}

@@ -34,7 +34,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 64)]
     decode_tokens: usize,
     /// Weight formats to measure in this one run, comma-separated: `none` (the --dtype
-    /// weights) or a quantization (q8_0, q6k, q5k, q4k). Ratios are to the first.
+    /// weights), a dtype (f32, f16, bf16) or a quantization (q8_0, q6k, q5k, q4k; computed
+    /// in --dtype). Ratios are to the first.
     #[arg(long, value_delimiter = ',', default_value = "none")]
     quant: Vec<String>,
     /// Quantize the vision tower too.
@@ -78,15 +79,10 @@ pub struct BenchAgentsArgs {
 }
 
 pub fn cmd_bench(a: BenchArgs) -> Result<()> {
-    let quants = a
-        .quant
-        .iter()
-        .map(|q| if q == "none" { Ok(None) } else { Quant::parse(q).map(Some) })
-        .collect::<Result<Vec<_>>>()
-        .context("--quant")?;
+    let formats = a.quant.iter().map(|f| format_of(f)).collect::<Result<Vec<_>>>().context("--quant")?;
     let mut recs: Vec<serde_json::Value> = vec![];
-    for q in quants {
-        let rec = bench_one(&a, q)?;
+    for (dtype, q) in formats {
+        let rec = bench_one(&a, dtype, q)?;
         if let Some(base) = recs.first() {
             for k in ["prefill_tokens_per_s", "decode_tokens_per_s"] {
                 let ratio = rec[k].as_f64().unwrap_or(0.0) / base[k].as_f64().unwrap_or(1.0);
@@ -99,10 +95,21 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// A --quant entry: (dtype override, quantization).
+fn format_of(f: &str) -> Result<(Option<candle_core::DType>, Option<Quant>)> {
+    if f == "none" {
+        return Ok((None, None));
+    }
+    match merg::weights::parse_dtype(f) {
+        Ok(d) => Ok((Some(d), None)),
+        Err(_) => Ok((None, Some(Quant::parse(f)?))),
+    }
+}
+
 /// Prefill then decode at batch 1 with one weight format.
-fn bench_one(a: &BenchArgs, quant: Option<Quant>) -> Result<serde_json::Value> {
+fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: Option<Quant>) -> Result<serde_json::Value> {
     let (device, dtype) = device_and_dtype(&a.device, a.dtype.as_deref())?;
-    let dtype = dtype.unwrap_or_else(|| merg::weights::default_dtype(&device));
+    let dtype = dtype_override.or(dtype).unwrap_or_else(|| merg::weights::default_dtype(&device));
     let (config, weights) = match (&a.config, &a.model) {
         (Some(c), _) => (registry::read_config(c)?, Weights::dummy(dtype, &device)),
         (None, Some(m)) => {
