@@ -126,4 +126,17 @@ fn bench_measures_formats_in_one_run() {
     }
     // 4 layers × 7 projections + lm_head = 29 linears, all with rows of 256 or 512 values.
     assert_eq!(text.matches("\"quantized_linear_weights\": 29").count(), 1, "{text}");
+
+    // Tied embeddings: the head gets its own quantized copy (still 29), the lookup stays dense.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["tie_word_embeddings"] = true.into();
+    let tied = tmp.path().join("tied.json");
+    std::fs::write(&tied, v.to_string()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_merg"))
+        .args(["bench", "--config", tied.to_str().unwrap(), "--quant", "q8_0", "--prompt-tokens", "8", "--decode-tokens", "2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("\"quantized_linear_weights\": 29"), "{text}{}", String::from_utf8_lossy(&out.stderr));
 }

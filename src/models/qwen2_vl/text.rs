@@ -55,7 +55,12 @@ impl TextModel {
         }
         let norm = Norm::rms(h, cfg.rms_norm_eps, w.pp("norm"))?;
         let lm_head = if cfg.tie_word_embeddings {
-            Linear::new(embed.embeddings().clone(), None)
+            // A quantizing source gives the tied head its own quantized copy while the lookup
+            // stays dense: the head is read whole every token, the lookup one row.
+            match w.pp("embed_tokens").quantized("weight", &candle_core::Shape::from((cfg.vocab_size, h))) {
+                Some(q) => Linear::quantized(q?, None)?,
+                None => Linear::new(embed.embeddings().clone(), None),
+            }
         } else {
             crate::layers::linear(h, cfg.vocab_size, false, root.pp("lm_head"))?
         };
