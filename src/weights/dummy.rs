@@ -7,16 +7,16 @@ use candle_nn::Init;
 
 use super::{Expect, WeightSource};
 
+/// Each tensor is checked against the memory the device has free at that moment before it
+/// is made, so an absurd config is an error, not an abort (and tensors a quantizing source
+/// frees again never count twice).
 pub struct DummyWeights {
     pub std: f64,
-    /// Bytes handed out so far, checked against the device before each allocation (an
-    /// absurd config must be an error, not an abort).
-    pub used: std::sync::atomic::AtomicU64,
 }
 
 impl DummyWeights {
     pub fn new(std: f64) -> Self {
-        DummyWeights { std, used: Default::default() }
+        DummyWeights { std }
     }
 }
 
@@ -36,9 +36,8 @@ impl WeightSource for DummyWeights {
         };
         // f32 first, then the target dtype: both exist for a moment.
         let bytes = (shape.elem_count() as u64).saturating_mul(4 + dtype.size_in_bytes() as u64);
-        let used = self.used.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed).saturating_add(bytes);
         let avail = crate::checkpoint::available_memory(dev).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-        if used > avail {
+        if bytes > avail {
             candle_core::bail!(
                 "dummy weights need more than the {:.1} GiB available on the device (at tensor {name} {shape:?}); the config's sizes are too large for this machine",
                 avail as f64 / (1u64 << 30) as f64
