@@ -129,6 +129,8 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     let t_load = Instant::now();
     let model = registry::load(&config, weights)?;
     let load_s = t_load.elapsed().as_secs_f64();
+    // Before any forward: quantized kernels repack their weights on first use.
+    let peak_rss_load = peak_rss();
     let spec = model.spec().clone();
     if a.prompt_tokens == 0 || a.prompt_tokens + a.decode_tokens >= spec.max_context {
         anyhow::bail!("--prompt-tokens must be ≥ 1 and prompt + decode must fit the context ({})", spec.max_context);
@@ -168,6 +170,7 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
         "prefill_tokens_per_s": a.prompt_tokens as f64 / prefill_s,
         "decode_tokens_per_s": a.decode_tokens as f64 / decode_s,
         "load_s": load_s,
+        "peak_rss_after_load_bytes": peak_rss_load,
         "peak_rss_bytes": peak_rss(),
     });
     Ok(rec)
