@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use super::text::{IncrementalDecoder, StopCheck, StopMatcher};
+use super::text::{IncrementalDecoder, StopMatcher};
 use super::{ApiError, AppState, Flavor, Slot};
 use crate::engine::{ChatRequest, Completion, EngineError, Event, RequestStream};
 use crate::generate::FinishReason;
@@ -96,7 +96,7 @@ fn forward(state: &AppState, _slot: Slot, stream: RequestStream, tx: UnboundedSe
     let mut dec = IncrementalDecoder::new(tok.clone());
     let mut stops = StopMatcher::new(opts.stop);
     let mut pending: Vec<TokenLogprob> = vec![];
-    let (mut stopped, mut aborted, mut first_token) = (false, false, None);
+    let (mut aborted, mut first_token) = (false, None);
     loop {
         let ev = match stream.next_event_timeout(Duration::from_millis(50)) {
             Ok(ev) => ev,
@@ -113,7 +113,7 @@ fn forward(state: &AppState, _slot: Slot, stream: RequestStream, tx: UnboundedSe
             None => {}
             Some(Event::Token { token, logprob }) => {
                 first_token.get_or_insert_with(|| submitted.elapsed());
-                if stopped {
+                if stops.is_stopped() {
                     continue;
                 }
                 if opts.logprobs && !stop_ids.contains(&token) {
@@ -127,35 +127,24 @@ fn forward(state: &AppState, _slot: Slot, stream: RequestStream, tx: UnboundedSe
                         return;
                     }
                 };
-                let text = match stops.push(&piece) {
-                    StopCheck::Emit(t) => t,
-                    StopCheck::Stopped(t) => {
-                        stopped = true;
-                        stream.abort();
-                        t
-                    }
-                };
-                if !text.is_empty() || stopped {
+                let text = stops.push(&piece).into_text();
+                if stops.is_stopped() {
+                    stream.abort();
+                }
+                if !text.is_empty() || stops.is_stopped() {
                     let _ = tx.send(GenEvent::Delta { text, logprobs: std::mem::take(&mut pending) });
                 }
             }
             Some(Event::Finished(c)) => {
-                let text = if stopped {
+                let text = if stops.is_stopped() {
                     String::new()
                 } else {
-                    let rest = dec.finish().unwrap_or_default();
-                    match stops.push(&rest) {
-                        StopCheck::Emit(t) => t + &stops.flush(),
-                        StopCheck::Stopped(t) => {
-                            stopped = true;
-                            t
-                        }
-                    }
+                    stops.push(&dec.finish().unwrap_or_default()).into_text() + &stops.flush()
                 };
                 if !text.is_empty() || !pending.is_empty() {
                     let _ = tx.send(GenEvent::Delta { text, logprobs: pending });
                 }
-                let summary = summarize(&c, stopped, first_token.unwrap_or_else(|| submitted.elapsed()), submitted.elapsed());
+                let summary = summarize(&c, stops.is_stopped(), first_token.unwrap_or_else(|| submitted.elapsed()), submitted.elapsed());
                 state.metrics.record_completion(&summary);
                 tracing::info!(
                     prompt_tokens = summary.prompt_tokens,

@@ -65,6 +65,15 @@ pub struct StopMatcher {
     done: bool,
 }
 
+impl StopCheck {
+    /// The text to send, whichever case it is.
+    pub fn into_text(self) -> String {
+        match self {
+            StopCheck::Emit(t) | StopCheck::Stopped(t) => t,
+        }
+    }
+}
+
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> Self {
         StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new(), done: false }
@@ -88,7 +97,12 @@ impl StopMatcher {
         StopCheck::Emit(out)
     }
 
-    /// Whatever is held back, at the end of generation.
+    /// Whether a stop string has appeared.
+    pub fn is_stopped(&self) -> bool {
+        self.done
+    }
+
+    /// Whatever is held back, at the end of generation (nothing once stopped).
     pub fn flush(&mut self) -> String {
         std::mem::take(&mut self.held)
     }
