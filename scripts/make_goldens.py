@@ -3,12 +3,18 @@
 
 Writes (all deterministic):
     tests/fixtures/media/            img_a.png img_b.png img_small.png img_tall.png vid_0..3.png clip.mp4
-    tests/fixtures/goldens/{qwen2_vl,qwen2_5_vl}/{text,image,two_images,video}.{safetensors,json}
+    tests/fixtures/goldens/{qwen2_vl,qwen2_5_vl,qwen3_vl,qwen3_vl_moe}/{text,image,two_images,video}.{safetensors,json}
     tests/fixtures/goldens/preprocess/{img_a,img_b,img_small,img_tall,video}.safetensors + index.json
     tests/fixtures/goldens/qwen2_tokenizer_chat.json   (real Qwen2 vocabulary, ids only)
+(the preprocess and tokenizer goldens belong to the Qwen2-VL checkpoint: written only when qwen2_vl or
+qwen2_5_vl is among the requested families).
+
+Qwen3-VL goldens additionally hold `logits_without_deepstack` for the image cases (the same forward with the
+DeepStack additions disabled) and, in the json, `deepstack_check`, `expanded_prompt_text` (decoded input_ids) and,
+for the video case, the frame timestamps the processor wrote into the prompt.
 
 Run scripts/make_tiny_checkpoints.py first.
-Usage:  /root/golden-venv/bin/python scripts/make_goldens.py [--skip-media]
+Usage:  /root/golden-venv/bin/python scripts/make_goldens.py [--skip-media] [family ...]   (default: all four)
 """
 from __future__ import annotations
 
@@ -31,11 +37,14 @@ REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures"
 MEDIA = FIX / "media"
 GOLD = FIX / "goldens"
-CKPT = {"qwen2_vl": FIX / "tiny-qwen2-vl", "qwen2_5_vl": FIX / "tiny-qwen2_5-vl"}
+CKPT = {name: fam.path for name, fam in mtc.FAMILIES.items()}
+QWEN2_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 REAL_TOKENIZER = Path(os.environ.get("MERG_DATA_DIR", REPO.parent / "shared" / "data")) / "qwen2-tokenizer" / "tokenizer.json"
 
 NEW_TOKENS = 32
 MIN_MARGIN = 1e-3
+MIN_DEEPSTACK_EFFECT = 1e-2  # max |logits - logits_without_deepstack| must exceed this for every vision case
+MIN_ROUTER_GAP = 1e-5  # MoE: k-th vs (k+1)-th routing probability, so f32 reimplementations pick the same experts
 VIDEO_FPS = 2
 VIDEO_FRAMES = [f"vid_{i}.png" for i in range(4)]
 
@@ -166,14 +175,16 @@ def load_processor(family):
 
     # Slow (PIL) image processor = the reference the Rust port matches; the tokenizer is the fast one
     # (tokenizer.json, same file the Rust engine loads). AutoProcessor(use_fast=False) would also make the
-    # tokenizer slow (vocab.json/merges.txt); run_case checks that both tokenizers agree.
+    # tokenizer slow (vocab.json/merges.txt); run_case checks that both tokenizers agree. The slow image
+    # processor is built by mtc.slow_image_processor (transformers 4.57.1 drops a size-only pixel budget).
+    fam = mtc.FAMILIES[family]
     d = str(CKPT[family])
     ref = transformers.AutoProcessor.from_pretrained(d, use_fast=False)
     tok = transformers.AutoTokenizer.from_pretrained(d)
     assert tok.is_fast
-    cls = transformers.Qwen2VLProcessor if family == "qwen2_vl" else transformers.Qwen2_5_VLProcessor
-    proc = cls(image_processor=ref.image_processor, tokenizer=tok, video_processor=ref.video_processor,
-               chat_template=ref.chat_template)
+    proc = fam.transformers_class("processor")(
+        image_processor=mtc.slow_image_processor(CKPT[family]), tokenizer=tok, video_processor=ref.video_processor,
+        chat_template=ref.chat_template)
     proc.slow_tokenizer = ref.tokenizer
     assert type(proc.image_processor).__name__ == "Qwen2VLImageProcessor", type(proc.image_processor)
     return proc
@@ -181,10 +192,8 @@ def load_processor(family):
 
 def load_model(family):
     import torch
-    import transformers
 
-    cls = (transformers.Qwen2VLForConditionalGeneration if family == "qwen2_vl"
-           else transformers.Qwen2_5_VLForConditionalGeneration)
+    cls = mtc.FAMILIES[family].transformers_class("model")
     return cls.from_pretrained(str(CKPT[family]), dtype=torch.float32, attn_implementation="eager").eval()
 
 
@@ -201,6 +210,157 @@ def collect_media(messages):
     return images, videos
 
 
+def video_metadata(num_frames):
+    """Metadata of a pre-sampled frame list: VIDEO_FPS frames per second, frames 0..n-1, no resampling."""
+    return {"fps": VIDEO_FPS, "frames_indices": list(range(num_frames)), "total_num_frames": num_frames}
+
+
+class RouterGaps:
+    """Records, for every MoE router call inside the `with`, the gap between the k-th and (k+1)-th routing
+    probability of each token (softmax over all experts, as Qwen3-VL-MoE routes before its top-k)."""
+
+    def __init__(self, model):
+        self.blocks = [m for m in model.modules() if type(m).__name__.endswith("SparseMoeBlock")]
+        self.gaps, self.handles = [], []
+
+    def _hook(self, block):
+        def hook(_module, _inputs, router_logits):
+            probs = router_logits.float().softmax(-1).sort(-1, descending=True).values
+            self.gaps.extend((probs[:, block.top_k - 1] - probs[:, block.top_k]).tolist())
+        return hook
+
+    def __enter__(self):
+        self.handles = [b.gate.register_forward_hook(self._hook(b)) for b in self.blocks]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+
+
+def qwen3_checks(case, proc, model, inputs, position_ids, logits, videos, tensors):
+    """Qwen3-VL extras: DeepStack checks (+ logits_without_deepstack for image cases), the expanded prompt,
+    and the per-frame split of video position ids. Returns the json additions."""
+    import torch
+
+    tok = proc.tokenizer
+    meta = {"expanded_prompt_text": tok.decode(inputs["input_ids"][0].tolist(), skip_special_tokens=False),
+            "image_processor": f"{type(proc.image_processor).__name__} (slow, PIL resize)"}
+    if "pixel_values" not in inputs and "pixel_values_videos" not in inputs:
+        return meta
+    inner, lm = model.model, model.model.language_model
+    levels = []
+    with torch.no_grad():
+        for key, thw_key, fn in (("pixel_values", "image_grid_thw", inner.get_image_features),
+                                 ("pixel_values_videos", "video_grid_thw", inner.get_video_features)):
+            if key in inputs:
+                embeds, deepstack = fn(inputs[key], inputs[thw_key])
+                embeds = torch.cat(embeds)
+                assert len(deepstack) == len(model.config.vision_config.deepstack_visual_indexes)
+                for d in deepstack:
+                    assert d.shape == embeds.shape, (d.shape, embeds.shape)
+                levels.append([embeds] + list(deepstack))
+        # DeepStack disabled: the decoder layers no longer add the merged intermediate ViT features
+        lm._deepstack_process = lambda hidden_states, visual_pos_masks, visual_embeds: hidden_states
+        try:
+            plain = model(**inputs, use_cache=False).logits.float()
+        finally:
+            del lm._deepstack_process
+    feats = [torch.cat(parts) for parts in zip(*levels)]  # [main, level 0, level 1, level 2]
+    stds = [float(f.std()) for f in feats]
+    assert min(stds) > 0.05, f"degenerate DeepStack features: std {stds}"
+    for i in range(len(feats)):
+        for j in range(i + 1, len(feats)):
+            assert float((feats[i] - feats[j]).abs().max()) > 0.1, f"DeepStack levels {i} and {j} coincide"
+    effect = float((logits - plain).abs().max())
+    assert effect > MIN_DEEPSTACK_EFFECT, f"DeepStack barely changes the logits: {effect}"
+    sp = mtc.special_ids()
+    first_visual = min(inputs["input_ids"][0].tolist().index(sp[t]) for t in ("<|image_pad|>", "<|video_pad|>")
+                       if sp[t] in inputs["input_ids"][0].tolist())
+    assert torch.equal(logits[:, :first_visual], plain[:, :first_visual]), "DeepStack leaked before the vision tokens"
+    meta["deepstack_check"] = {
+        "levels": len(feats) - 1,
+        "decoder_layers": list(range(len(feats) - 1)),
+        "num_visual_tokens": int(feats[0].shape[0]),
+        "feature_std": {"merger": stds[0], **{f"deepstack_{i}": v for i, v in enumerate(stds[1:])}},
+        "max_abs_diff_logits_vs_without_deepstack": effect,
+        "first_visual_token": first_visual,  # logits before it are identical with and without DeepStack
+        "note": ("logits_without_deepstack = the same forward with Qwen3VL(Moe)TextModel._deepstack_process "
+                 "replaced by identity (saved for the image cases)"),
+    }
+    if case in ("image", "two_images"):
+        tensors["logits_without_deepstack"] = plain.contiguous()
+    if videos:
+        meta.update(check_video_prompt(proc, model, inputs, position_ids, meta["expanded_prompt_text"], videos))
+    return meta
+
+
+def check_video_prompt(proc, model, inputs, position_ids, expanded, videos):
+    """Qwen3-VL writes `<t seconds>` before every temporal patch and get_rope_index gives each temporal patch
+    its own <|vision_start|>..<|vision_end|> block (t index 0, h/w restart), with the timestamp text between."""
+    import torch
+
+    assert len(videos) == 1
+    md = video_metadata(len(videos[0]))
+    vp = proc.video_processor
+    stamps = proc._calculate_timestamps(md["frames_indices"], md["fps"], vp.merge_size)
+    ids = inputs["input_ids"][0].tolist()
+    sp = mtc.special_ids()
+    vid, vstart, vend = sp["<|video_pad|>"], sp["<|vision_start|>"], sp["<|vision_end|>"]
+    t, h, w = inputs["video_grid_thw"][0].tolist()
+    merge = model.config.vision_config.spatial_merge_size
+    h, w = h // merge, w // merge
+    runs, i = [], 0
+    while i < len(ids):
+        if ids[i] == vid:
+            j = i
+            while j < len(ids) and ids[j] == vid:
+                j += 1
+            runs.append((i, j))
+            i = j
+        else:
+            i += 1
+    assert len(runs) == t == len(stamps), (runs, t, stamps)
+    pos = position_ids[:, 0]
+    frame_starts = []
+    for k, (a, b) in enumerate(runs):
+        assert b - a == h * w and ids[a - 1] == vstart and ids[b] == vend
+        text_before = proc.tokenizer.decode(ids[:a - 1])
+        assert text_before.endswith(f"<{stamps[k]:.1f} seconds>"), text_before[-40:]
+        p0 = int(pos[0, a])
+        frame_starts.append(p0)
+        assert torch.equal(pos[0, a:b], torch.full((h * w,), p0)), "temporal index must be 0 in every frame"
+        assert torch.equal(pos[1, a:b], p0 + torch.arange(h).repeat_interleave(w))
+        assert torch.equal(pos[2, a:b], p0 + torch.arange(w).repeat(h))
+        nxt = int(pos[:, a:b].max()) + 1
+        assert pos[:, b].tolist() == [nxt] * 3, "text after a frame resumes at the frame's max position + 1"
+    return {
+        "video_fps": md["fps"],
+        "video_frames_indices": md["frames_indices"],
+        "frame_timestamps": stamps,
+        "timestamp_text": [f"<{x:.1f} seconds>" for x in stamps],
+        "video_frame_position_starts": frame_starts,
+        "video_processor": (f"{type(vp).__name__} (torchvision resize; pixel_values_videos come from it, "
+                            "merg's parity tests feed them as they are)"),
+        "video_pixels_max_abs_diff_vs_slow_image_processor_on_frames": slow_video_pixel_diff(proc, videos[0],
+                                                                                             inputs),
+    }
+
+
+def slow_video_pixel_diff(proc, frames, inputs):
+    """Max |pixel_values_videos - slow PIL Qwen2VLImageProcessor applied to the frame stack|."""
+    import transformers
+
+    ip = proc.image_processor
+    pv, thw = ip._preprocess(frames, do_resize=True, size=ip.size, resample=ip.resample, do_rescale=True,
+                             rescale_factor=ip.rescale_factor, do_normalize=True, image_mean=ip.image_mean,
+                             image_std=ip.image_std, patch_size=ip.patch_size,
+                             temporal_patch_size=ip.temporal_patch_size, merge_size=ip.merge_size,
+                             do_convert_rgb=True, data_format=transformers.image_utils.ChannelDimension.FIRST)
+    assert list(thw) == inputs["video_grid_thw"][0].tolist(), (thw, inputs["video_grid_thw"])
+    return float(np.abs(np.asarray(pv, dtype=np.float32) - inputs["pixel_values_videos"].numpy()).max())
+
+
 def run_case(family, case, proc, model):
     import torch
     import transformers
@@ -209,8 +369,13 @@ def run_case(family, case, proc, model):
     messages = CASES[case]
     prompt = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     images, videos = collect_media(messages)
+    qwen3 = mtc.FAMILIES[family].qwen3
     kwargs = {}
-    if videos:
+    if videos and qwen3:
+        # pre-sampled frames: Qwen3-VL needs their timestamps, from the metadata (fps, frame indices)
+        kwargs["video_metadata"] = [video_metadata(len(v)) for v in videos]
+        kwargs["do_sample_frames"] = False
+    elif videos:
         kwargs["fps"] = VIDEO_FPS
     inputs = proc(text=[prompt], images=images or None, videos=videos or None, return_tensors="pt", **kwargs)
     input_ids = inputs["input_ids"]
@@ -270,7 +435,7 @@ def run_case(family, case, proc, model):
     fin = dict(inputs)
     fin["input_ids"] = full
     fin["attention_mask"] = torch.ones_like(full)
-    with torch.no_grad():
+    with torch.no_grad(), RouterGaps(model) as router:  # MoE: every routing decision of prompt + continuation
         o2 = model(**fin, use_cache=False)
     re_ids = o2.logits[0, L - 1:].argmax(-1)
     assert torch.equal(re_ids, greedy), (re_ids, greedy)
@@ -291,6 +456,12 @@ def run_case(family, case, proc, model):
             tensors[k] = inputs[k].to(torch.int64).contiguous()
     if "second_per_grid_ts" in inputs:
         tensors["second_per_grid_ts"] = torch.as_tensor(inputs["second_per_grid_ts"], dtype=torch.float32).reshape(-1)
+    extra_meta = {}
+    if qwen3:
+        extra_meta = qwen3_checks(case, proc, model, inputs, position_ids, logits, videos, tensors)
+        if router.gaps:
+            extra_meta["router_min_topk_gap"] = min(router.gaps)
+            assert min(router.gaps) > MIN_ROUTER_GAP, f"MoE routing near-tie: {min(router.gaps)}"
     out_dir = GOLD / family
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / f"{case}.safetensors"), metadata={"format": "pt"})
@@ -311,8 +482,9 @@ def run_case(family, case, proc, model):
         "transformers": transformers.__version__,
         "torch": torch.__version__,
     }
-    if videos:
+    if videos and not qwen3:
         meta["fps"] = VIDEO_FPS
+    meta.update(extra_meta)
     (out_dir / f"{case}.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"  {family}/{case}: L={L} min_margin={min_margin:.4g} greedy[:8]={greedy.tolist()[:8]}")
     return min_margin
@@ -515,12 +687,16 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     print(f"transformers {transformers.__version__} torch {torch.__version__}")
+    fams = [a for a in sys.argv[1:] if not a.startswith("--")] or list(mtc.FAMILIES)
+    unknown = set(fams) - set(mtc.FAMILIES)
+    if unknown:
+        raise SystemExit(f"unknown families {sorted(unknown)}; known: {list(mtc.FAMILIES)}")
     if "--skip-media" not in sys.argv:
         make_media()
-    make_preprocess()
-    make_tokenizer_goldens()
+    if set(fams) & set(QWEN2_FAMILIES):
+        make_preprocess()
+        make_tokenizer_goldens()
     worst = {}
-    fams = [a for a in sys.argv[1:] if not a.startswith("--")] or ["qwen2_vl", "qwen2_5_vl"]
     for family in fams:
         proc = load_processor(family)
         model = load_model(family)

@@ -1,28 +1,40 @@
 #!/usr/bin/env python3
-"""Generate TINY random Qwen2-VL / Qwen2.5-VL checkpoints in the exact Hugging Face hub layout.
+"""Generate TINY random Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE checkpoints in the exact Hugging Face
+hub layout.
 
 Output (deterministic, fixed seeds):
     tests/fixtures/tiny-qwen2-vl/
     tests/fixtures/tiny-qwen2_5-vl/
+    tests/fixtures/tiny-qwen3-vl/
+    tests/fixtures/tiny-qwen3-vl-moe/
 
-Each directory holds config.json (hub style: text fields at top level + vision_config),
-two safetensors shards + model.safetensors.index.json (hub tensor names: model.embed_tokens.weight,
-model.layers.N..., model.norm.weight, visual..., lm_head.weight), tokenizer.json (a byte-level BPE of
-our own, trained here with the Qwen2 pipeline), vocab.json, merges.txt, tokenizer_config.json,
+Each directory holds config.json, two safetensors shards + model.safetensors.index.json, tokenizer.json (a
+byte-level BPE of our own, trained here with the Qwen2 pipeline), vocab.json, merges.txt, tokenizer_config.json,
 chat_template.json, preprocessor_config.json, video_preprocessor_config.json, generation_config.json.
+
+- Qwen2-VL / Qwen2.5-VL: config.json with the text fields at top level + `vision_config`; tensors under the
+  hub names model.embed_tokens.weight, model.layers.N..., model.norm.weight, visual..., lm_head.weight.
+- Qwen3-VL / Qwen3-VL-MoE: nested `text_config` + `vision_config` (see qwen3_vl_hub.py); tensors exactly as
+  transformers 4.57 `save_pretrained` writes them (= the released hub checkpoints): model.language_model...,
+  model.visual..., lm_head.weight (absent when tied); MoE experts as fused
+  mlp.experts.gate_up_proj [E, hidden, 2*moe_inter] / mlp.experts.down_proj [E, moe_inter, hidden] and the
+  router as mlp.gate.weight. The tokenizer adds Qwen3's 12 extra added tokens after the Qwen2-VL specials.
 
 Weights are float32 and deliberately larger than the default init so that greedy decoding has clear
 top-1/top-2 margins (checked by make_goldens.py).
 
-Usage:  /root/golden-venv/bin/python scripts/make_tiny_checkpoints.py
+Usage:  /root/golden-venv/bin/python scripts/make_tiny_checkpoints.py [family ...]   (default: all four)
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import qwen3_vl_hub as q3  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures"
@@ -71,8 +83,14 @@ SPECIAL_TOKENS = [
     "<|video_pad|>",
 ]
 
-BPE_VOCAB = 448  # 256 byte symbols + 192 merges; specials follow at 448..461
+# Added tokens in id order, as (content, special flag). Qwen2-VL: the 14 specials; Qwen3-VL: the same 14 followed by
+# Qwen3's 12 extra added tokens (qwen3_vl_hub.QWEN3_EXTRA_TOKENS).
+QWEN2_ADDED_TOKENS = [(t, True) for t in SPECIAL_TOKENS]
+QWEN3_ADDED_TOKENS = QWEN2_ADDED_TOKENS + q3.QWEN3_EXTRA_TOKENS
+
+BPE_VOCAB = 448  # 256 byte symbols + 192 merges; added tokens follow at 448.. (461 for Qwen2-VL, 473 for Qwen3-VL)
 MODEL_VOCAB = 512  # embedding rows (padded beyond the tokenizer, like real Qwen)
+assert BPE_VOCAB + len(QWEN3_ADDED_TOKENS) <= MODEL_VOCAB
 
 CORPUS = [
     "Hello! How are you doing today?",
@@ -123,8 +141,8 @@ CORPUS = [
 ]
 
 
-def tokenizer_json_and_vocab():
-    """Train the byte-level BPE and return (tokenizer_json_str, vocab dict, merges list)."""
+def tokenizer_json_and_vocab(added_tokens=QWEN2_ADDED_TOKENS):
+    """Train the byte-level BPE, append `added_tokens` and return (tokenizer_json_str, vocab dict, merges list)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from tokenizers import processors, trainers
 
@@ -149,8 +167,9 @@ def tokenizer_json_and_vocab():
     tok.train_from_iterator(CORPUS * 3, trainer=trainer)
     n = tok.get_vocab_size()
     assert n == BPE_VOCAB, f"BPE vocab is {n}, expected {BPE_VOCAB} (enlarge the corpus)"
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    for i, t in enumerate(SPECIAL_TOKENS):
+    for i, (t, special) in enumerate(added_tokens):
+        add = tok.add_special_tokens if special else tok.add_tokens
+        add([AddedToken(t, special=special, normalized=False)])
         assert tok.token_to_id(t) == BPE_VOCAB + i, t
 
     data = json.loads(tok.to_str())
@@ -168,25 +187,29 @@ def tokenizer_json_and_vocab():
     return json.dumps(data, ensure_ascii=False, indent=2), vocab, merges
 
 
+def added_token_ids(added_tokens) -> dict:
+    return {t: BPE_VOCAB + i for i, (t, _) in enumerate(added_tokens)}
+
+
 def special_ids():
-    return {t: BPE_VOCAB + i for i, t in enumerate(SPECIAL_TOKENS)}
+    """Ids of the 14 Qwen2-VL specials (the same in every family: Qwen3's extra tokens come after them)."""
+    return added_token_ids(QWEN2_ADDED_TOKENS)
 
 
-def tokenizer_config(chat_template: str) -> dict:
-    ids = special_ids()
+def tokenizer_config(chat_template: str, added_tokens=QWEN2_ADDED_TOKENS, model_max_length: int = 32768) -> dict:
     return {
         "add_bos_token": False,
         "add_prefix_space": False,
         "added_tokens_decoder": {
-            str(ids[t]): {
+            str(BPE_VOCAB + i): {
                 "content": t,
                 "lstrip": False,
                 "normalized": False,
                 "rstrip": False,
                 "single_word": False,
-                "special": True,
+                "special": special,
             }
-            for t in SPECIAL_TOKENS
+            for i, (t, special) in enumerate(added_tokens)
         },
         "additional_special_tokens": SPECIAL_TOKENS[1:],
         "bos_token": None,
@@ -194,13 +217,67 @@ def tokenizer_config(chat_template: str) -> dict:
         "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>",
         "errors": "replace",
-        "model_max_length": 32768,
+        "model_max_length": model_max_length,
         "pad_token": "<|endoftext|>",
         "padding_side": "left",
         "split_special_tokens": False,
         "tokenizer_class": "Qwen2Tokenizer",
         "unk_token": None,
     }
+
+
+# ----------------------------------------------------------------------------------------------
+# Families
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Family:
+    name: str  # model_type
+    out_dir: str  # under tests/fixtures
+    model_class: str  # transformers class names
+    config_class: str
+    processor_class: str
+    seed_env: str  # weight-init seed, overridable through this environment variable
+    seed_default: int
+    qwen3: bool  # nested hub config + transformers-native tensor names + Qwen3 tokenizer/template
+
+    @property
+    def path(self) -> Path:
+        return FIX / self.out_dir
+
+    @property
+    def seed(self) -> int:
+        return int(os.environ.get(self.seed_env, self.seed_default))
+
+    @property
+    def added_tokens(self):
+        return QWEN3_ADDED_TOKENS if self.qwen3 else QWEN2_ADDED_TOKENS
+
+    @property
+    def chat_template(self) -> str:
+        if self.qwen3:
+            return q3.QWEN3_VL_CHAT_TEMPLATE
+        return QWEN2_VL_CHAT_TEMPLATE if self.name == "qwen2_vl" else QWEN2_5_VL_CHAT_TEMPLATE
+
+    def transformers_class(self, kind: str):
+        import transformers
+
+        return getattr(transformers, {"model": self.model_class, "config": self.config_class,
+                                      "processor": self.processor_class}[kind])
+
+
+FAMILIES = {
+    f.name: f
+    for f in (
+        Family("qwen2_vl", "tiny-qwen2-vl", "Qwen2VLForConditionalGeneration", "Qwen2VLConfig",
+               "Qwen2VLProcessor", "TINY_SEED_QWEN2_VL", 1234, False),
+        Family("qwen2_5_vl", "tiny-qwen2_5-vl", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig",
+               "Qwen2_5_VLProcessor", "TINY_SEED_QWEN2_5_VL", 3, False),
+        Family("qwen3_vl", "tiny-qwen3-vl", "Qwen3VLForConditionalGeneration", "Qwen3VLConfig",
+               "Qwen3VLProcessor", "TINY_SEED_QWEN3_VL", 22, True),
+        Family("qwen3_vl_moe", "tiny-qwen3-vl-moe", "Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeConfig",
+               "Qwen3VLProcessor", "TINY_SEED_QWEN3_VL_MOE", 34, True),
+    )
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,6 +317,8 @@ def text_fields(family: str) -> dict:
 
 
 def config_json(family: str, transformers_version: str) -> dict:
+    if FAMILIES[family].qwen3:
+        return q3.config_json(family, special_ids(), MODEL_VOCAB, transformers_version)
     cfg = {}
     if family == "qwen2_vl":
         cfg["architectures"] = ["Qwen2VLForConditionalGeneration"]
@@ -289,6 +368,8 @@ MAX_PIXELS = 28 * 28 * 64  # 50176
 
 
 def preprocessor_config(family: str) -> dict:
+    if FAMILIES[family].qwen3:
+        return q3.preprocessor_config()
     return {
         "do_convert_rgb": True,
         "do_normalize": True,
@@ -310,6 +391,8 @@ def preprocessor_config(family: str) -> dict:
 
 
 def video_preprocessor_config(family: str) -> dict:
+    if FAMILIES[family].qwen3:
+        return q3.video_preprocessor_config()
     return {
         "do_convert_rgb": True,
         "do_normalize": True,
@@ -331,8 +414,29 @@ def video_preprocessor_config(family: str) -> dict:
     }
 
 
+def slow_image_processor(path: Path):
+    """The slow (PIL) Qwen2VLImageProcessor with the parameters of `path`/preprocessor_config.json.
+
+    transformers 4.57.1's slow Qwen2VLImageProcessor.__init__ replaces a valid `size` by its defaults
+    (3136..1003520 pixels) and only honours `min_pixels`/`max_pixels`. The Qwen2(.5)-VL configs carry both; the
+    Qwen3-VL hub configs only `size` (which the fast processor does honour), so AutoProcessor(use_fast=False)
+    would silently preprocess with the wrong budget. Pass the budget explicitly.
+    """
+    import transformers
+
+    cfg = json.loads((path / "preprocessor_config.json").read_text())
+    kw = {k: v for k, v in cfg.items() if k not in ("image_processor_type", "processor_class")}
+    kw.setdefault("min_pixels", cfg["size"]["shortest_edge"])
+    kw.setdefault("max_pixels", cfg["size"]["longest_edge"])
+    ip = transformers.Qwen2VLImageProcessor(**kw)
+    assert ip.size == cfg["size"], (ip.size, cfg["size"])
+    return ip
+
+
 def generation_config(family: str, transformers_version: str) -> dict:
     ids = special_ids()
+    if FAMILIES[family].qwen3:
+        return q3.generation_config(ids, transformers_version)
     g = {
         "bos_token_id": ids["<|endoftext|>"],
         "pad_token_id": ids["<|endoftext|>"],
@@ -354,10 +458,6 @@ WEIGHT_STD = float(os.environ.get("TINY_WEIGHT_STD", 0.3))
 PATCH_EMBED_STD = 0.05
 BIAS_STD = 0.05
 NORM_STD = 0.1
-SEEDS = {
-    "qwen2_vl": int(os.environ.get("TINY_SEED_QWEN2_VL", 1234)),
-    "qwen2_5_vl": int(os.environ.get("TINY_SEED_QWEN2_5_VL", 3)),
-}
 
 
 def to_hub_name(name: str) -> str:
@@ -390,29 +490,27 @@ def init_weights(model, seed: int):
 
 def build_model(family: str, cfg: dict):
     import torch
-    import transformers
 
-    if family == "qwen2_vl":
-        config = transformers.Qwen2VLConfig(**cfg)
-        cls = transformers.Qwen2VLForConditionalGeneration
-    else:
-        config = transformers.Qwen2_5_VLConfig(**cfg)
-        cls = transformers.Qwen2_5_VLForConditionalGeneration
+    fam = FAMILIES[family]
+    config = fam.transformers_class("config")(**cfg)
     torch.manual_seed(0)
-    model = cls(config).to(torch.float32).eval()
-    init_weights(model, SEEDS[family])
+    model = fam.transformers_class("model")(config).to(torch.float32).eval()
+    init_weights(model, fam.seed)
     if cfg["tie_word_embeddings"]:
         model.tie_weights()
         assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     return model
 
 
-def hub_state_dict(model, tied: bool) -> dict:
+def hub_state_dict(model, family: str, tied: bool) -> dict:
+    # Qwen2(.5)-VL hub checkpoints predate transformers' model.language_model / model.visual nesting;
+    # Qwen3-VL ones were released with it, so their names are the module names as they are.
+    rename = (lambda k: k) if FAMILIES[family].qwen3 else to_hub_name
     sd = {}
     for k, v in model.state_dict().items():
-        hk = to_hub_name(k)
+        hk = rename(k)
         if tied and hk == "lm_head.weight":
-            continue  # tied checkpoints (e.g. Qwen2-VL-2B) do not store lm_head
+            continue  # tied checkpoints (e.g. Qwen2-VL-2B, Qwen3-VL-2B/4B) do not store lm_head
         sd[hk] = v.detach().to("cpu").contiguous().clone()
     return sd
 
@@ -446,19 +544,21 @@ def write_json(path: Path, obj):
 def make(family: str):
     import transformers
 
+    fam = FAMILIES[family]
     tv = transformers.__version__
-    out = FIX / ("tiny-qwen2-vl" if family == "qwen2_vl" else "tiny-qwen2_5-vl")
+    out = fam.path
     out.mkdir(parents=True, exist_ok=True)
     for f in out.iterdir():
         f.unlink()
 
-    tok_json, vocab, merges = tokenizer_json_and_vocab()
+    tok_json, vocab, merges = tokenizer_json_and_vocab(fam.added_tokens)
     (out / "tokenizer.json").write_text(tok_json + "\n", encoding="utf-8")
     write_json(out / "vocab.json", vocab)
     (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-    template = QWEN2_VL_CHAT_TEMPLATE if family == "qwen2_vl" else QWEN2_5_VL_CHAT_TEMPLATE
-    write_json(out / "tokenizer_config.json", tokenizer_config(template))
-    write_json(out / "chat_template.json", {"chat_template": template})
+    tok_cfg = (tokenizer_config(fam.chat_template, fam.added_tokens, q3.MODEL_MAX_LENGTH) if fam.qwen3
+               else tokenizer_config(fam.chat_template))
+    write_json(out / "tokenizer_config.json", tok_cfg)
+    write_json(out / "chat_template.json", {"chat_template": fam.chat_template})
     write_json(out / "preprocessor_config.json", preprocessor_config(family))
     write_json(out / "video_preprocessor_config.json", video_preprocessor_config(family))
     write_json(out / "generation_config.json", generation_config(family, tv))
@@ -467,40 +567,67 @@ def make(family: str):
     write_json(out / "config.json", cfg)
 
     model = build_model(family, cfg)
-    sd = hub_state_dict(model, cfg["tie_word_embeddings"])
+    sd = hub_state_dict(model, family, cfg["tie_word_embeddings"])
     write_shards(out, sd)
     print(f"{family}: {len(sd)} tensors, {sum(v.numel() for v in sd.values())} params -> {out}")
-    verify(out, family, model)
+    verify(out, family, model, cfg, sd)
 
 
-def verify(out: Path, family: str, ref_model):
+def verify(out: Path, family: str, ref_model, cfg: dict, sd: dict):
     """Reload with transformers from the hub-layout files and check exact weight equality."""
+    import tempfile
+
     import torch
     import transformers
 
-    cls = (transformers.Qwen2VLForConditionalGeneration if family == "qwen2_vl"
-           else transformers.Qwen2_5_VLForConditionalGeneration)
-    m = cls.from_pretrained(str(out), dtype=torch.float32).eval()
+    fam = FAMILIES[family]
+    m = fam.transformers_class("model").from_pretrained(str(out), dtype=torch.float32).eval()
     c = m.config
-    assert c.text_config.hidden_size == 64 and c.text_config.num_hidden_layers == 2, c
+    want_text = cfg["text_config"] if fam.qwen3 else cfg
+    assert c.text_config.hidden_size == 64, c
+    assert c.text_config.num_hidden_layers == want_text["num_hidden_layers"], c
     assert c.text_config.vocab_size == MODEL_VOCAB
+    if cfg["tie_word_embeddings"]:
+        assert m.lm_head.weight.data_ptr() == m.get_input_embeddings().weight.data_ptr()
     ref = ref_model.state_dict()
     got = m.state_dict()
     assert set(ref) == set(got), set(ref) ^ set(got)
     for k in ref:
         assert torch.equal(ref[k], got[k]), k
+    if fam.qwen3:
+        # our shards carry exactly the tensor names (and shapes) transformers itself writes
+        with tempfile.TemporaryDirectory() as td:
+            ref_model.save_pretrained(td, safe_serialization=True)
+            from safetensors import safe_open
+
+            saved = {}
+            for f in Path(td).glob("*.safetensors"):
+                with safe_open(str(f), "pt") as h:
+                    saved.update({k: tuple(h.get_slice(k).get_shape()) for k in h.keys()})
+        assert saved == {k: tuple(v.shape) for k, v in sd.items()}, set(saved) ^ set(sd)
     proc = transformers.AutoProcessor.from_pretrained(str(out), use_fast=False)
+    assert type(proc).__name__ == fam.processor_class, type(proc)
     ids = proc.tokenizer("Hello! <|im_start|>user\nHi<|im_end|>")["input_ids"]
     assert special_ids()["<|im_start|>"] in ids and special_ids()["<|im_end|>"] in ids, ids
-    assert proc.image_processor.min_pixels == MIN_PIXELS and proc.image_processor.max_pixels == MAX_PIXELS
+    all_ids = added_token_ids(fam.added_tokens)
+    for t, _special in fam.added_tokens:
+        assert proc.tokenizer.convert_tokens_to_ids(t) == all_ids[t], t
+        assert proc.tokenizer(t, add_special_tokens=False)["input_ids"] == [all_ids[t]], t
+    pc, vc = preprocessor_config(family), video_preprocessor_config(family)
+    assert type(proc.image_processor).__name__ == "Qwen2VLImageProcessor", type(proc.image_processor)
+    ip = slow_image_processor(out)
+    for k in ("patch_size", "merge_size", "temporal_patch_size", "image_mean", "image_std"):
+        assert getattr(ip, k) == pc[k] == getattr(proc.image_processor, k), k
+    fast = transformers.AutoImageProcessor.from_pretrained(str(out), use_fast=True)
+    assert type(fast).__name__ == "Qwen2VLImageProcessorFast" and dict(fast.size) == pc["size"], fast.size
     vp = proc.video_processor
-    assert vp.size["shortest_edge"] == MIN_PIXELS and vp.size["longest_edge"] == MAX_PIXELS, vp.size
+    assert dict(vp.size) == vc["size"], vp.size
     print(f"{family}: reload OK ({type(proc).__name__}, {type(proc.tokenizer).__name__}, "
-          f"{type(proc.image_processor).__name__}, {type(vp).__name__})")
+          f"{type(ip).__name__}, {type(vp).__name__})")
 
 
 def main():
-    fams = sys.argv[1:] or ["qwen2_vl", "qwen2_5_vl"]
+    fams = sys.argv[1:] or list(FAMILIES)
     for f in fams:
         make(f)
 

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::chat::{ContentPart, Message};
 use crate::models::{MediaGrid, ModelSpec, VisionSpec};
-use crate::tokenizer::ChatTokenizer;
+use crate::tokenizer::{ChatTokenizer, Placeholder};
 use crate::vision::{self, Media, Patches, PreprocessorConfig};
 
 /// One preprocessed image or video.
@@ -46,7 +46,11 @@ impl Processor {
                 (p, true, self.preprocessor.temporal_patch_size as f64 / fps)
             }
         };
-        let grid = MediaGrid { thw: patches.grid_thw, is_video, second_per_grid: secs };
+        let frames = match m {
+            Media::Video { frames, .. } => frames.len(),
+            Media::Image(_) => 0,
+        };
+        let grid = MediaGrid { thw: patches.grid_thw, is_video, second_per_grid: secs, frames };
         Ok(MediaItem { patches, grid })
     }
 
@@ -58,19 +62,21 @@ impl Processor {
         let (rh, rw) = vision::smart_resize(h, w, p.factor(), p.min_pixels, p.max_pixels)?;
         let t = if is_video { frames.div_ceil(p.temporal_patch_size) } else { 1 };
         let secs = if is_video { p.temporal_patch_size as f64 / fps } else { 0.0 };
-        Ok(MediaGrid { thw: [t, rh / p.patch_size, rw / p.patch_size], is_video, second_per_grid: secs })
+        let frames = if is_video { frames } else { 0 };
+        Ok(MediaGrid { thw: [t, rh / p.patch_size, rw / p.patch_size], is_video, second_per_grid: secs, frames })
     }
 
-    /// Prompt token ids with each placeholder expanded to its item's merged-token count.
+    /// Prompt token ids with each placeholder expanded to its item's merged-token count
+    /// (Qwen3-VL videos: one run per temporal step, each after its time).
     pub fn encode_prompt(&self, messages: &[Message], grids: &[MediaGrid]) -> Result<Vec<u32>> {
-        let counts: Vec<usize> = match grids.is_empty() {
+        let items: Vec<Placeholder> = match grids.is_empty() {
             true => vec![],
             false => {
                 let v = self.vision()?;
-                grids.iter().map(|g| v.tokens(g)).collect()
+                grids.iter().map(|g| placeholder(v, g)).collect()
             }
         };
-        self.tokenizer.encode_chat(messages, true, &counts)
+        self.tokenizer.encode_chat_with(messages, true, &items)
     }
 
     /// Refuses messages whose text alone cannot fit `max_context` tokens, without tokenizing.
@@ -94,6 +100,16 @@ impl Processor {
     pub fn count_prompt_tokens(&self, messages: &[Message], media_dims: &[(usize, usize, usize)]) -> Result<usize> {
         let grids = media_dims.iter().map(|&d| self.grid_for(d, d.0 > 1, 2.0)).collect::<Result<Vec<_>>>()?;
         Ok(self.encode_prompt(messages, &grids)?.len())
+    }
+}
+
+/// How the prompt spells one media item.
+fn placeholder(v: &VisionSpec, g: &MediaGrid) -> Placeholder {
+    if g.is_video && v.video_timestamps {
+        let per_step = v.tokens(&MediaGrid { thw: [1, g.thw[1], g.thw[2]], ..g.clone() });
+        Placeholder::Steps { per_step, seconds: g.step_seconds(v.temporal_patch_size) }
+    } else {
+        Placeholder::Run(v.tokens(g))
     }
 }
 

@@ -13,6 +13,7 @@
 
 use crate::chat::{find_chat_template, ChatTemplate, ContentPart, Message};
 use anyhow::{anyhow, bail, Context, Result};
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::Path;
 use std::str::FromStr;
@@ -57,8 +58,19 @@ impl std::fmt::Debug for ChatTokenizer {
 
 /// Piece of a rendered prompt: template bytes or the k-th text part of the conversation.
 enum Piece<'a> {
-    Template(&'a str),
+    Template(Cow<'a, str>),
     Data(usize),
+}
+
+/// How one image/video placeholder of the rendered template becomes tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Placeholder {
+    /// `n` copies of the pad token (Qwen2-VL, Qwen2.5-VL, Qwen3-VL images).
+    Run(usize),
+    /// A Qwen3-VL video: for each temporal step, its time as text (`<1.2 seconds>`), then
+    /// vision-start, `per_step` pads, vision-end, in place of the template's
+    /// `<|vision_start|><|video_pad|><|vision_end|>`, as Qwen3VLProcessor writes it.
+    Steps { per_step: usize, seconds: Vec<f64> },
 }
 
 impl ChatTokenizer {
@@ -211,6 +223,17 @@ impl ChatTokenizer {
         add_generation_prompt: bool,
         media_tokens: &[usize],
     ) -> Result<Vec<u32>> {
+        let runs: Vec<Placeholder> = media_tokens.iter().map(|&n| Placeholder::Run(n)).collect();
+        self.encode_chat_with(messages, add_generation_prompt, &runs)
+    }
+
+    /// `encode_chat` with each placeholder's own expansion (Qwen3-VL videos split into steps).
+    pub fn encode_chat_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        media: &[Placeholder],
+    ) -> Result<Vec<u32>> {
         let template = self.template()?;
         let texts: Vec<&str> = messages
             .iter()
@@ -244,18 +267,23 @@ impl ChatTokenizer {
         }
 
         let pads = self.count_pads(&pieces);
-        if pads.0 + pads.1 != media_tokens.len() {
+        if pads.0 + pads.1 != media.len() {
             bail!(
-                "the prompt has {} media placeholders ({} image, {} video) but media_tokens has {} entries",
+                "the prompt has {} media placeholders ({} image, {} video) but {} media items were given",
                 pads.0 + pads.1,
                 pads.0,
                 pads.1,
-                media_tokens.len()
+                media.len()
             );
         }
-        if let Some(k) = media_tokens.iter().position(|&n| n == 0) {
-            bail!("media_tokens[{k}] is 0; every image/video needs at least one token");
+        let empty = |p: &Placeholder| match p {
+            Placeholder::Run(n) => *n == 0,
+            Placeholder::Steps { per_step, seconds } => *per_step == 0 || seconds.is_empty(),
+        };
+        if let Some(k) = media.iter().position(empty) {
+            bail!("media item {k} has no tokens; every image/video needs at least one");
         }
+        let (pieces, media_tokens) = self.expand_steps(pieces, media)?;
 
         let mut ids = Vec::with_capacity(real.len() / 3 + media_tokens.iter().sum::<usize>());
         let mut buf = String::new(); // plain text since the last template special token
@@ -266,7 +294,7 @@ impl ChatTokenizer {
                     buf.push_str(texts[*k]);
                     continue;
                 }
-                Piece::Template(s) => *s,
+                Piece::Template(s) => s.as_ref(),
             };
             let mut rest = s;
             while let Some((at, content, id)) = self.find_added(rest) {
@@ -338,12 +366,67 @@ impl ChatTokenizer {
         best
     }
 
+    /// Writes out `Steps` placeholders in the template text (timestamps are template text,
+    /// never data) and returns the pad count of every pad left, in order.
+    fn expand_steps<'a>(&self, pieces: Vec<Piece<'a>>, media: &[Placeholder]) -> Result<(Vec<Piece<'a>>, Vec<usize>)> {
+        let mut counts = Vec::with_capacity(media.len());
+        let mut items = media.iter();
+        let mut out = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let Piece::Template(s) = p else {
+                out.push(p);
+                continue;
+            };
+            let mut text = String::with_capacity(s.len());
+            let mut changed = false;
+            let mut rest = s.as_ref();
+            while let Some((at, content, id)) = self.find_added(rest) {
+                text.push_str(&rest[..at]);
+                rest = &rest[at + content.len()..];
+                if id != self.special.image_pad && id != self.special.video_pad {
+                    text.push_str(content);
+                    continue;
+                }
+                match items.next().context("media placeholder count changed while encoding")? {
+                    Placeholder::Run(n) => {
+                        counts.push(*n);
+                        text.push_str(content);
+                    }
+                    Placeholder::Steps { per_step, seconds } => {
+                        if id != self.special.video_pad {
+                            bail!("an image placeholder cannot take a video's time steps");
+                        }
+                        let (vs, ve) = (self.content_of(self.special.vision_start)?, self.content_of(self.special.vision_end)?);
+                        // The template's own start/end around the pad are replaced, not doubled.
+                        if text.ends_with(vs) && rest.starts_with(ve) {
+                            text.truncate(text.len() - vs.len());
+                            rest = &rest[ve.len()..];
+                        }
+                        for t in seconds {
+                            text.push_str(&format!("<{t:.1} seconds>{vs}{content}{ve}"));
+                            counts.push(*per_step);
+                        }
+                        changed = true;
+                    }
+                }
+            }
+            text.push_str(rest);
+            out.push(Piece::Template(if changed { Cow::Owned(text) } else { s }));
+        }
+        Ok((out, counts))
+    }
+
+    /// Content string of an added token.
+    fn content_of(&self, id: u32) -> Result<&str> {
+        self.added.iter().find(|(_, i)| *i == id).map(|(c, _)| c.as_str()).with_context(|| format!("token id {id} is not an added token"))
+    }
+
     /// (image, video) placeholders in the template pieces.
     fn count_pads(&self, pieces: &[Piece]) -> (usize, usize) {
         let (mut img, mut vid) = (0, 0);
         for p in pieces {
             if let Piece::Template(s) = p {
-                let mut rest = *s;
+                let mut rest = s.as_ref();
                 while let Some((at, content, id)) = self.find_added(rest) {
                     img += (id == self.special.image_pad) as usize;
                     vid += (id == self.special.video_pad) as usize;
@@ -381,13 +464,13 @@ fn split_sentinels(rendered: &str, mark: char, n_texts: usize) -> Result<Vec<Pie
             bail!("chat template produced an unknown text sentinel {k}");
         }
         if start > 0 {
-            pieces.push(Piece::Template(&rest[..start]));
+            pieces.push(Piece::Template(Cow::Borrowed(&rest[..start])));
         }
         pieces.push(Piece::Data(k));
         rest = &after[end + mark.len_utf8()..];
     }
     if !rest.is_empty() {
-        pieces.push(Piece::Template(rest));
+        pieces.push(Piece::Template(Cow::Borrowed(rest)));
     }
     Ok(pieces)
 }

@@ -1,67 +1,81 @@
 //! Parity with HF transformers 4.57.1 on the tiny checkpoints (goldens made by
 //! scripts/make_goldens.py): position ids identical, logits within 1e-4 relative error, and
-//! 32-token greedy continuations identical, for text, one image, two images and a video.
+//! 32-token greedy continuations identical, for text, one image, two images and a video, for
+//! every family in the registry (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE).
 
 mod common;
 
-use candle_core::{DType, Device};
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
 use common::*;
 use merg::generate::{forward_logits, generate, prepare, SamplingParams, VisionInput};
-use merg::models::qwen2_vl::position::rope_index;
-use merg::models::qwen2_vl::{Config, QwenVl};
-use merg::models::{DenseCache, MediaGrid, Model};
+use merg::models::{DenseCache, MediaGrid, Model, PromptInputs};
+use merg::weights::Weights;
 
 const CASES: [&str; 4] = ["text", "image", "two_images", "video"];
 
-fn load(family: &str) -> QwenVl {
+fn load(family: &str) -> Arc<dyn Model> {
     load_as(family, DType::F32)
 }
 
-fn load_as(family: &str, dtype: DType) -> QwenVl {
+/// Through the registry, as `merg` loads any checkpoint.
+fn load_as(family: &str, dtype: DType) -> Arc<dyn Model> {
     let dir = tiny_dir(family);
-    let cfg = Config::from_file(&dir.join("config.json")).unwrap();
+    let cfg = merg::models::registry::read_config(&dir.join("config.json")).unwrap();
     let index: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
     let mut files: Vec<_> = index["weight_map"].as_object().unwrap().values().map(|v| dir.join(v.as_str().unwrap())).collect();
     files.sort();
     files.dedup();
-    QwenVl::load(&cfg, &files, dtype, &Device::Cpu).unwrap()
+    merg::models::load(&cfg, Weights::safetensors(&files, dtype, &Device::Cpu).unwrap()).unwrap()
 }
 
-fn vision_input(g: &std::collections::HashMap<String, candle_core::Tensor>) -> VisionInput {
-    let mut media: Vec<MediaGrid> = grids(g.get("image_grid_thw"))
-        .into_iter()
-        .map(|thw| MediaGrid { thw, is_video: false, second_per_grid: 0.0 })
-        .collect();
+fn vision_input(g: &std::collections::HashMap<String, Tensor>) -> VisionInput {
+    let mut media: Vec<MediaGrid> = grids(g.get("image_grid_thw")).into_iter().map(MediaGrid::image).collect();
     let secs: Vec<f32> = g.get("second_per_grid_ts").map(|t| t.to_vec1().unwrap()).unwrap_or_default();
     for (i, thw) in grids(g.get("video_grid_thw")).into_iter().enumerate() {
-        media.push(MediaGrid { thw, is_video: true, second_per_grid: secs.get(i).copied().unwrap_or(1.0) as f64 });
+        let second_per_grid = secs.get(i).copied().unwrap_or(1.0) as f64;
+        media.push(MediaGrid { thw, is_video: true, second_per_grid, frames: 0 });
     }
     VisionInput { image_patches: g.get("pixel_values").cloned(), video_patches: g.get("pixel_values_videos").cloned(), media }
 }
 
+fn prompt_logits(model: &dyn Model, prefill: &PromptInputs, len: usize) -> Tensor {
+    forward_logits(model, prefill, &mut DenseCache::new(), len).unwrap()
+}
+
 fn check_family(family: &str) {
     let model = load(family);
+    let model = &*model;
     for case in CASES {
         let (g, _meta) = golden(family, case);
         let ids: Vec<u32> = ids_i64(&g["input_ids"]).iter().map(|&x| x as u32).collect();
         let vis = vision_input(&g);
 
-        let (pos, delta) = rope_index(&ids, &vis.media, &model.cfg).unwrap();
+        let prefill = prepare(model, &ids, &vis).unwrap();
         let want = ids_i64(&g["position_ids"]);
-        let got: Vec<i64> = pos.iter().flatten().copied().collect();
+        let got: Vec<i64> = prefill.positions.iter().flatten().copied().collect();
         assert_eq!(got, want, "{family}/{case}: position ids");
-        assert_eq!(delta, ids_i64(&g["rope_deltas"])[0], "{family}/{case}: rope delta");
+        assert_eq!(prefill.rope_delta, ids_i64(&g["rope_deltas"])[0], "{family}/{case}: rope delta");
 
-        let prefill = prepare(&model, &ids, &vis).unwrap();
-        let logits = forward_logits(&model, &prefill, &mut DenseCache::new(), ids.len()).unwrap();
+        let logits = prompt_logits(model, &prefill, ids.len());
         let want = g["logits"].squeeze(0).unwrap();
         let err = max_rel_err(&logits, &want);
         println!("{family}/{case}: logits max rel err {err:.2e} over {} tokens", ids.len());
         assert!(err <= 1e-4, "{family}/{case}: logits max rel err {err}");
 
+        // Qwen3-VL: the golden of the same forward without DeepStack must be far from ours,
+        // so a build that skipped DeepStack could not pass the check above.
+        if let Some(without) = g.get("logits_without_deepstack") {
+            let apart = max_rel_err(&logits, &without.squeeze(0).unwrap());
+            println!("{family}/{case}: DeepStack moves the logits by {apart:.2e} (relative)");
+            assert!(apart > 1e-2, "{family}/{case}: DeepStack changes nothing ({apart})");
+            assert!(prefill.deepstack.is_some(), "{family}/{case}: no DeepStack features");
+        }
+
         let params = SamplingParams { max_new_tokens: 32, ..Default::default() };
-        let out = generate(&model, &ids, &vis, &params, None).unwrap();
+        let out = generate(model, &ids, &vis, &params, None).unwrap();
         let want: Vec<u32> = ids_i64(&g["greedy_ids"]).iter().map(|&x| x as u32).collect();
         assert_eq!(out.tokens, want, "{family}/{case}: greedy continuation");
     }
@@ -75,6 +89,31 @@ fn qwen2_vl_matches_transformers() {
 #[test]
 fn qwen2_5_vl_matches_transformers() {
     check_family("qwen2_5_vl");
+}
+
+#[test]
+fn qwen3_vl_matches_transformers() {
+    check_family("qwen3_vl");
+}
+
+#[test]
+fn qwen3_vl_moe_matches_transformers() {
+    check_family("qwen3_vl_moe");
+}
+
+/// Dropping the DeepStack features (rows kept, features zeroed) moves our logits as far as
+/// transformers' own forward without DeepStack: the levels really join the decoder.
+#[test]
+fn qwen3_vl_without_deepstack_matches_transformers_without_it() {
+    let model = load("qwen3_vl");
+    let (g, _) = golden("qwen3_vl", "image");
+    let ids: Vec<u32> = ids_i64(&g["input_ids"]).iter().map(|&x| x as u32).collect();
+    let mut prefill = prepare(&*model, &ids, &vision_input(&g)).unwrap();
+    let d = prefill.deepstack.as_mut().unwrap();
+    d.features = d.features.zeros_like().unwrap();
+    let logits = prompt_logits(&*model, &prefill, ids.len());
+    let err = max_rel_err(&logits, &g["logits_without_deepstack"].squeeze(0).unwrap());
+    assert!(err <= 1e-4, "logits without DeepStack: max rel err {err}");
 }
 
 /// Half-precision tolerances against the f32 goldens, as shares of the logits' scale.
@@ -106,15 +145,15 @@ fn check_family_half(family: &str, dtype: DType, (fro_tol, tol): (f32, f32)) {
         let (g, _meta) = golden(family, case);
         let ids: Vec<u32> = ids_i64(&g["input_ids"]).iter().map(|&x| x as u32).collect();
         let vis = vision_input(&g);
-        let prefill = prepare(&model, &ids, &vis).unwrap();
-        let logits = forward_logits(&model, &prefill, &mut DenseCache::new(), ids.len()).unwrap();
+        let prefill = prepare(&*model, &ids, &vis).unwrap();
+        let logits = prompt_logits(&*model, &prefill, ids.len());
         let want = g["logits"].squeeze(0).unwrap();
         let (err, fro) = (max_rel_err(&logits, &want), fro_rel_err(&logits, &want));
         println!("{dtype:?} {family}/{case}: logits rel err {fro:.2e} (‖·‖₂), {err:.2e} (max) over {} tokens", ids.len());
         assert!(fro <= fro_tol && err <= tol, "{dtype:?} {family}/{case}: logits rel err {fro} (‖·‖₂), {err} (max)");
 
         let params = SamplingParams { max_new_tokens: 32, ..Default::default() };
-        let got = generate(&model, &ids, &vis, &params, None).unwrap().tokens;
+        let got = generate(&*model, &ids, &vis, &params, None).unwrap().tokens;
         let want: Vec<u32> = ids_i64(&g["greedy_ids"]).iter().map(|&x| x as u32).collect();
         let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) else {
             assert_eq!(got, want, "{dtype:?} {family}/{case}: greedy continuation");
@@ -123,8 +162,8 @@ fn check_family_half(family: &str, dtype: DType, (fro_tol, tol): (f32, f32)) {
         // f32 logits after the golden's first i tokens: the two candidates must nearly tie.
         let mut prefix = ids.clone();
         prefix.extend_from_slice(&want[..i]);
-        let p = prepare(&f32_model, &prefix, &vis).unwrap();
-        let l = forward_logits(&f32_model, &p, &mut DenseCache::new(), 1).unwrap().squeeze(0).unwrap();
+        let p = prepare(&*f32_model, &prefix, &vis).unwrap();
+        let l = prompt_logits(&*f32_model, &p, 1).squeeze(0).unwrap();
         let l: Vec<f32> = l.to_vec1().unwrap();
         let scale = l.iter().fold(0f32, |m, x| m.max(x.abs()));
         let gap = (l[want[i] as usize] - l[got[i] as usize]) / scale;

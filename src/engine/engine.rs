@@ -19,7 +19,7 @@ use super::sequence::{SeqId, Sequence, Status};
 use super::vision_cache::{lock, VisionCache};
 use crate::checkpoint::Checkpoint;
 use crate::generate::{sample_step, FinishReason, NonFiniteLogits, Sampler, SamplingParams, TokenConstraint};
-use crate::models::{Model, PromptInputs, RecurrentState};
+use crate::models::{Deepstack, Model, PromptInputs, RecurrentState};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -190,7 +190,11 @@ impl Engine {
         let inputs = self.model.prepare_prompt(&p.ids, &grids, &feats).map_err(EngineError::bad_request)?;
         let spec = self.model.spec();
         let keys: Vec<u64> = p.media.iter().map(|m| m.key).collect();
-        let extra = placeholder_keys(&p.ids, spec.special.image, spec.special.video, &keys);
+        let tokens: Vec<usize> = match &spec.vision {
+            Some(v) => p.media.iter().map(|m| v.tokens(&m.grid)).collect(),
+            None => vec![],
+        };
+        let extra = placeholder_keys(&p.ids, spec.special.image, spec.special.video, &keys, &tokens);
         self.add_inputs(p.ids, extra, inputs, p.sampling, p.constraint)
     }
 
@@ -242,6 +246,7 @@ impl Engine {
             extra,
             prompt_embeds: inputs.embeds,
             prompt_positions: inputs.positions,
+            prompt_deepstack: inputs.deepstack,
             rope_delta: inputs.rope_delta,
             num_computed: 0,
             table: vec![],
@@ -285,6 +290,7 @@ impl Engine {
         let model = self.model.clone();
         let dev = model.device().clone();
         let mut embeds = Vec::with_capacity(chunks.len());
+        let mut deepstack = vec![];
         let mut positions: [Vec<i64>; 3] = [vec![], vec![], vec![]];
         let mut runs = Vec::with_capacity(chunks.len());
         let mut write_slots = vec![];
@@ -293,6 +299,9 @@ impl Engine {
             let s = self.seqs.get_mut(&c.seq).expect("scheduled");
             let (a, b) = (s.num_computed, s.num_computed + c.len);
             embeds.push(seq_embeds(s, a, b, &*model)?);
+            if let Some(d) = &s.prompt_deepstack {
+                deepstack.extend(d.slice(a, b, start)?);
+            }
             let p = s.positions(a, b, |past, n, d| model.decode_positions(past, n, d));
             for k in 0..3 {
                 positions[k].extend_from_slice(&p[k]);
@@ -306,7 +315,8 @@ impl Engine {
         let embeds = Tensor::cat(&embeds, 0)?;
         let write_index = self.pool.write_index(&write_slots, &dev)?;
         let mut step = PagedStep::new(&self.pool, runs, write_index);
-        let hidden = model.forward(&embeds, &positions, &mut step);
+        let deepstack = Deepstack::concat(deepstack)?;
+        let hidden = model.forward(&embeds, &positions, deepstack.as_ref(), &mut step);
         // Give each sequence its recurrent state back, whatever the forward did.
         for (c, r) in chunks.iter().zip(step.runs.drain(..)) {
             self.seqs.get_mut(&c.seq).expect("scheduled").recurrent = r.recurrent;
@@ -434,24 +444,23 @@ fn sample_next(s: &mut Sequence, logits: &Tensor, vocab: usize) -> anyhow::Resul
     Ok((tok, lp, finish.is_some()))
 }
 
-/// Per-token extra keys: the content hash of the media item each placeholder run stands for
-/// (`keys` in prompt order; each item is one run).
-fn placeholder_keys(ids: &[u32], image_tok: u32, video_tok: u32, keys: &[u64]) -> Vec<u64> {
-    let mut next = 0;
+/// Per-token extra keys: the content hash of the media item each placeholder token stands
+/// for (0 for text). Items are in prompt order and `tokens[k]` long; an item may span several
+/// runs (a Qwen3-VL video: one run per time step).
+fn placeholder_keys(ids: &[u32], image_tok: u32, video_tok: u32, keys: &[u64], tokens: &[usize]) -> Vec<u64> {
     let mut out = vec![0u64; ids.len()];
-    let mut i = 0;
-    while i < ids.len() {
-        let t = ids[i];
+    let (mut item, mut left) = (0usize, tokens.first().copied().unwrap_or(0));
+    for (i, &t) in ids.iter().enumerate() {
         if t != image_tok && t != video_tok {
-            i += 1;
             continue;
         }
-        let key = keys.get(next).copied().unwrap_or(u64::MAX);
-        next += 1;
-        while i < ids.len() && ids[i] == t {
-            out[i] = key;
-            i += 1;
+        while left == 0 && item + 1 < tokens.len() {
+            item += 1;
+            left = tokens[item];
         }
+        // More placeholders than items describe: a distinct key keeps them out of any match.
+        out[i] = if left > 0 { keys.get(item).copied().unwrap_or(u64::MAX) } else { u64::MAX };
+        left = left.saturating_sub(1);
     }
     out
 }

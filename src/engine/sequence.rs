@@ -6,7 +6,7 @@ use candle_core::Tensor;
 
 use super::block_manager::BlockId;
 use crate::generate::{FinishReason, Sampler, SamplingParams, TokenConstraint};
-use crate::models::{Positions, RecurrentState};
+use crate::models::{Deepstack, Positions, RecurrentState};
 
 pub type SeqId = u64;
 
@@ -28,6 +28,8 @@ pub struct Sequence {
     /// `[prompt_len, hidden]` embeddings with vision features spliced in.
     pub prompt_embeds: Tensor,
     pub prompt_positions: Positions,
+    /// Qwen3-VL: features added inside the first decoder layers at the prompt's media rows.
+    pub prompt_deepstack: Option<Deepstack>,
     pub rope_delta: i64,
     /// Tokens whose K/V are in the pool (and whose effect is in the recurrent state).
     pub num_computed: usize,

@@ -105,7 +105,7 @@ mod tests {
     fn lru_evicts_least_recently_used() {
         let mut c = VisionCache::new(2);
         let t = Tensor::zeros(1, candle_core::DType::F32, &Device::Cpu).unwrap();
-        let g = |n| MediaGrid { thw: [1, n, n], is_video: false, second_per_grid: 0.0 };
+        let g = |n| MediaGrid::image([1, n, n]);
         c.insert(1, t.clone(), g(2));
         c.insert(2, t.clone(), g(4));
         assert_eq!(c.get(1).unwrap().1.thw, [1, 2, 2]); // 2 is now the least recently used

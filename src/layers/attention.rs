@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Module, Result, Tensor};
 
-use super::{linear, Linear, Rotary};
+use super::{linear, Linear, Norm, Rotary};
 use crate::models::cache::StepCache;
 use crate::weights::Weights;
 
@@ -15,19 +15,39 @@ pub struct SelfAttention {
     k: Linear,
     v: Linear,
     o: Linear,
+    /// Qwen3: per-head RMSNorm of q and k (over head_dim) before rotary.
+    qk_norm: Option<(Norm, Norm)>,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
 }
 
+/// Shape and options of one decoder attention block.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Qwen2 puts biases on q/k/v (never on o); Qwen3 on none.
+    pub qkv_bias: bool,
+    /// Qwen3's q_norm / k_norm, with this epsilon.
+    pub qk_norm_eps: Option<f64>,
+}
+
 impl SelfAttention {
-    /// `qkv_bias`: Qwen2 puts biases on q/k/v but not on o.
-    pub fn new(hidden: usize, heads: usize, kv_heads: usize, head_dim: usize, qkv_bias: bool, w: Weights) -> Result<Self> {
+    pub fn new(s: AttentionShape, w: Weights) -> Result<Self> {
+        let (hidden, heads, kv_heads, head_dim) = (s.hidden, s.heads, s.kv_heads, s.head_dim);
+        let qk_norm = match s.qk_norm_eps {
+            Some(eps) => Some((Norm::rms(head_dim, eps, w.pp("q_norm"))?, Norm::rms(head_dim, eps, w.pp("k_norm"))?)),
+            None => None,
+        };
         Ok(SelfAttention {
-            q: linear(hidden, heads * head_dim, qkv_bias, w.pp("q_proj"))?,
-            k: linear(hidden, kv_heads * head_dim, qkv_bias, w.pp("k_proj"))?,
-            v: linear(hidden, kv_heads * head_dim, qkv_bias, w.pp("v_proj"))?,
+            q: linear(hidden, heads * head_dim, s.qkv_bias, w.pp("q_proj"))?,
+            k: linear(hidden, kv_heads * head_dim, s.qkv_bias, w.pp("k_proj"))?,
+            v: linear(hidden, kv_heads * head_dim, s.qkv_bias, w.pp("v_proj"))?,
             o: linear(heads * head_dim, hidden, false, w.pp("o_proj"))?,
+            qk_norm,
             heads,
             kv_heads,
             head_dim,
@@ -40,6 +60,10 @@ impl SelfAttention {
         let q = self.q.forward(x)?.reshape((t, self.heads, self.head_dim))?;
         let k = self.k.forward(x)?.reshape((t, self.kv_heads, self.head_dim))?;
         let v = self.v.forward(x)?.reshape((t, self.kv_heads, self.head_dim))?;
+        let (q, k) = match &self.qk_norm {
+            Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
+            None => (q, k),
+        };
         let q = rope.apply(&q, cos, sin)?;
         let k = rope.apply(&k, cos, sin)?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();

@@ -1,5 +1,5 @@
 //! Feed-forward blocks: gated SwiGLU-style (Qwen text, Qwen2.5-VL vision) or fc1 → act → fc2
-//! (Qwen2-VL vision).
+//! (Qwen2-VL, Qwen3-VL vision).
 
 use candle_core::{Module, Result, Tensor};
 
@@ -22,11 +22,11 @@ impl Mlp {
         })
     }
     pub fn plain(dim: usize, hidden: usize, act: Act, vb: Weights) -> Result<Self> {
-        Ok(Mlp::Plain {
-            fc1: linear(dim, hidden, true, vb.pp("fc1"))?,
-            fc2: linear(hidden, dim, true, vb.pp("fc2"))?,
-            act,
-        })
+        Self::plain_named(dim, hidden, act, vb, ["fc1", "fc2"])
+    }
+    /// A plain MLP whose two layers have other names (Qwen3-VL: `linear_fc1`, `linear_fc2`).
+    pub fn plain_named(dim: usize, hidden: usize, act: Act, vb: Weights, [n1, n2]: [&str; 2]) -> Result<Self> {
+        Ok(Mlp::Plain { fc1: linear(dim, hidden, true, vb.pp(n1))?, fc2: linear(hidden, dim, true, vb.pp(n2))?, act })
     }
 }
 

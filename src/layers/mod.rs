@@ -3,13 +3,18 @@
 //! - `linear`: one linear type for dense and quantized weights;
 //! - `norm`, `mlp`: RMSNorm / LayerNorm, gated and plain feed-forwards;
 //! - `rotary`: 1-D RoPE, sectioned and interleaved M-RoPE, partial rotary;
-//! - `attention`: causal grouped-query attention over cached K/V, dense vision attention.
+//! - `attention`: causal grouped-query attention over cached K/V (optional q/k norm), dense
+//!   vision attention;
+//! - `moe`: sparse mixture-of-experts feed-forward (top-k routing);
+//! - `vision`: the ViT block, patch embedding and 2-D rotary of every Qwen vision tower.
 
 pub mod attention;
 pub mod linear;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod rotary;
+pub mod vision;
 
 use candle_core::{Result, Tensor, D};
 use serde::{Deserialize, Serialize};

@@ -4,7 +4,11 @@
 //! `model_type`. Shared blocks are in `crate::layers`, weight sources in `crate::weights`.
 
 pub mod cache;
+pub mod decoder;
+pub mod media;
+pub mod position;
 pub mod qwen2_vl;
+pub mod qwen3_vl;
 pub mod registry;
 
 use anyhow::Result;
@@ -12,6 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
 pub use cache::{DenseCache, RecurrentState, StepCache};
+pub use media::Deepstack;
 pub use registry::{load, supported_model_types};
 
 /// 3-D (t, h, w) position ids, one vector per component; text-only models repeat one vector.
@@ -45,6 +50,9 @@ pub struct VisionSpec {
     /// Patches merged per side into one token.
     pub spatial_merge_size: usize,
     pub temporal_patch_size: usize,
+    /// Qwen3-VL: each temporal step of a video is its own placeholder run, preceded by its
+    /// time as text (`<1.2 seconds>`), instead of one run per video.
+    pub video_timestamps: bool,
 }
 
 impl VisionSpec {
@@ -91,14 +99,40 @@ pub struct MediaGrid {
     pub is_video: bool,
     /// Seconds covered by one temporal grid step (video only).
     pub second_per_grid: f64,
+    /// Frames of a video before padding to whole temporal patches (0 when unknown: then
+    /// every temporal step is taken as full).
+    pub frames: usize,
 }
 
-/// A prompt ready for the decoder: embeddings with media features spliced in, positions, and
-/// the offset that continues positions after the prompt.
+impl MediaGrid {
+    pub fn image(thw: [usize; 3]) -> Self {
+        MediaGrid { thw, is_video: false, second_per_grid: 0.0, frames: 0 }
+    }
+
+    /// Mid-time in seconds of each temporal step, as Qwen3-VL's processor writes it: frame
+    /// `i` is at `i / fps`; a step's time is the mean of its first and last frame, the last
+    /// frame repeating where the video was padded.
+    pub fn step_seconds(&self, temporal_patch: usize) -> Vec<f64> {
+        let tp = temporal_patch.max(1);
+        let fps = tp as f64 / self.second_per_grid;
+        let n = if self.frames == 0 { self.thw[0] * tp } else { self.frames };
+        (0..self.thw[0])
+            .map(|s| {
+                let first = (s * tp).min(n - 1);
+                let last = (s * tp + tp - 1).min(n - 1);
+                (first as f64 / fps + last as f64 / fps) / 2.0
+            })
+            .collect()
+    }
+}
+
+/// A prompt ready for the decoder: embeddings with media features spliced in, positions, the
+/// offset that continues positions after the prompt, and DeepStack features (Qwen3-VL).
 pub struct PromptInputs {
     pub embeds: Tensor,
     pub positions: Positions,
     pub rope_delta: i64,
+    pub deepstack: Option<Deepstack>,
 }
 
 /// A loaded model, as the engine drives it.
@@ -107,8 +141,10 @@ pub trait Model: Send + Sync {
     fn device(&self) -> &Device;
     fn dtype(&self) -> DType;
 
-    /// Features `[tokens, hidden]` of one preprocessed media item (`patches` as the
-    /// preprocessor cut them); `tokens` equals `spec().vision.tokens(grid)`.
+    /// Features `[tokens, width]` of one preprocessed media item (`patches` as the
+    /// preprocessor cut them); `tokens` equals `spec().vision.tokens(grid)`. `width` is the
+    /// family's own layout (hidden, or hidden × (1 + DeepStack levels) for Qwen3-VL); the
+    /// vision cache keeps the tensor whole and hands it back to `prepare_prompt`.
     fn encode_media(&self, patches: &Tensor, grid: &MediaGrid) -> Result<Tensor>;
 
     /// Prompt ids (placeholders expanded) plus each media item's grid and features, in prompt
@@ -125,8 +161,8 @@ pub trait Model: Send + Sync {
     }
 
     /// One packed step over `embeds: [T, hidden]` through the step's caches; returns the final
-    /// normed hidden states `[T, hidden]`.
-    fn forward(&self, embeds: &Tensor, positions: &Positions, cache: &mut dyn StepCache) -> Result<Tensor>;
+    /// normed hidden states `[T, hidden]`. `deepstack` rows index this step's tokens.
+    fn forward(&self, embeds: &Tensor, positions: &Positions, deepstack: Option<&Deepstack>, cache: &mut dyn StepCache) -> Result<Tensor>;
 
     /// Vocabulary logits in f32, `[T, vocab]`.
     fn logits(&self, hidden: &Tensor) -> Result<Tensor>;
@@ -156,7 +192,17 @@ mod tests {
         };
         assert_eq!(spec.num_attention_layers(), 2);
         assert!(spec.has_recurrent_layers());
-        let v = VisionSpec { patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2 };
-        assert_eq!(v.tokens(&MediaGrid { thw: [1, 32, 32], is_video: false, second_per_grid: 0.0 }), 256);
+        let v = VisionSpec { patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2, video_timestamps: false };
+        assert_eq!(v.tokens(&MediaGrid::image([1, 32, 32])), 256);
+    }
+
+    /// HF's `_calculate_timestamps`: 4 frames at 2 fps → steps at 0.25 s and 1.25 s; 3 frames
+    /// pad the last step with the last frame (1.0 s twice).
+    #[test]
+    fn step_seconds_average_each_temporal_patch() {
+        let g = MediaGrid { thw: [2, 4, 4], is_video: true, second_per_grid: 1.0, frames: 4 };
+        assert_eq!(g.step_seconds(2), vec![0.25, 1.25]);
+        let g = MediaGrid { frames: 3, ..g };
+        assert_eq!(g.step_seconds(2), vec![0.25, 1.0]);
     }
 }

@@ -10,11 +10,13 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
-/// Checkpoint directory of a tiny fixture model: "qwen2_vl" or "qwen2_5_vl".
+/// Checkpoint directory of a tiny fixture model, by family (`model_type`).
 pub fn tiny_dir(family: &str) -> PathBuf {
     fixtures().join(match family {
         "qwen2_vl" => "tiny-qwen2-vl",
         "qwen2_5_vl" => "tiny-qwen2_5-vl",
+        "qwen3_vl" => "tiny-qwen3-vl",
+        "qwen3_vl_moe" => "tiny-qwen3-vl-moe",
         other => panic!("unknown family {other}"),
     })
 }

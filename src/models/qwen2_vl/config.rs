@@ -9,7 +9,9 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::layers::Act;
+use crate::layers::attention::AttentionShape;
+use crate::layers::{Act, RotaryLayout};
+use crate::models::decoder::DecoderConfig;
 
 /// The two variants this family folder serves. They share the text decoder; the vision
 /// towers differ (see `vision`).
@@ -59,6 +61,31 @@ impl TextConfig {
     /// The config's `head_dim`, else hidden_size / num_attention_heads (as transformers).
     pub fn head_dim(&self) -> usize {
         self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// The shared decoder this config describes: Qwen2 layers (q/k/v biases), sectioned
+    /// M-RoPE.
+    pub fn decoder(&self) -> DecoderConfig {
+        let s = &self.mrope_section;
+        DecoderConfig {
+            vocab_size: self.vocab_size,
+            num_layers: self.num_hidden_layers,
+            attention: AttentionShape {
+                hidden: self.hidden_size,
+                heads: self.num_attention_heads,
+                kv_heads: self.num_key_value_heads,
+                head_dim: self.head_dim(),
+                qkv_bias: true,
+                qk_norm_eps: None,
+            },
+            intermediate_size: self.intermediate_size,
+            hidden_act: self.hidden_act,
+            rms_norm_eps: self.rms_norm_eps,
+            rope_theta: self.rope_theta,
+            rope: RotaryLayout::Sectioned([s[0], s[1], s[2]]),
+            tie_word_embeddings: self.tie_word_embeddings,
+            moe: None,
+        }
     }
 }
 

@@ -5,7 +5,6 @@
 
 pub mod config;
 pub mod position;
-pub mod text;
 pub mod vision;
 
 use std::path::PathBuf;
@@ -17,16 +16,17 @@ use serde_json::Value;
 
 pub use config::{Config, TextConfig, Variant, VisionConfig};
 use position::rope_index;
-use text::TextModel;
 use vision::VisionTower;
 
 use super::cache::StepCache;
-use super::{LayerKind, MediaGrid, Model, ModelSpec, Positions, PromptInputs, SpecialIds, VisionSpec};
+use super::decoder::Decoder;
+use super::media::{cat_kind, splice_features};
+use super::{Deepstack, LayerKind, MediaGrid, Model, ModelSpec, Positions, PromptInputs, SpecialIds, VisionSpec};
 use crate::weights::Weights;
 
 pub struct QwenVl {
     pub cfg: Config,
-    pub text: TextModel,
+    pub text: Decoder,
     pub vision: VisionTower,
     spec: ModelSpec,
 }
@@ -57,7 +57,7 @@ impl QwenVl {
         let (text_prefix, vision_prefix) = prefixes(|n| w.contains(n));
         let source = w.describe();
         let build = || -> Result<Self> {
-            let text = TextModel::new(&cfg.text, w.pp(text_prefix), w.clone()).context("text decoder")?;
+            let text = Decoder::new(&cfg.text.decoder(), w.pp(text_prefix), w.clone()).context("text decoder")?;
             let vision = VisionTower::new(cfg.variant, &cfg.vision, w.pp(vision_prefix)).context("vision tower")?;
             Ok(QwenVl { cfg: cfg.clone(), text, vision, spec: spec_of(cfg) })
         };
@@ -73,54 +73,6 @@ impl QwenVl {
     /// Random weights of the right shapes (benchmarks, `--load-format dummy`).
     pub fn dummy(cfg: &Config, dtype: DType, device: &Device) -> Result<Self> {
         Self::new(cfg, Weights::dummy(dtype, device))
-    }
-
-    /// Splices features into the placeholder runs of the prompt's embeddings. `img`/`vid` are
-    /// the features of all images / all videos, in prompt order.
-    fn merge_features(&self, ids: &[u32], img: Option<&Tensor>, vid: Option<&Tensor>) -> Result<Tensor> {
-        let text = self.text.embed(ids)?;
-        let mut rows: Vec<Tensor> = Vec::new();
-        let (mut next_img, mut next_vid) = (0usize, 0usize);
-        let mut run_start = 0;
-        // Splice contiguous text runs and feature runs; a token-by-token scatter would be O(L) ops.
-        let mut i = 0;
-        while i < ids.len() {
-            let (feat, cursor) = if ids[i] == self.cfg.image_token_id {
-                (img, &mut next_img)
-            } else if ids[i] == self.cfg.video_token_id {
-                (vid, &mut next_vid)
-            } else {
-                i += 1;
-                continue;
-            };
-            let tok = ids[i];
-            let mut j = i;
-            while j < ids.len() && ids[j] == tok {
-                j += 1;
-            }
-            let Some(feat) = feat else { bail!("prompt has placeholder tokens but no vision input") };
-            if *cursor + (j - i) > feat.dim(0)? {
-                bail!("prompt has more placeholder tokens than vision features ({})", feat.dim(0)?);
-            }
-            if run_start < i {
-                rows.push(text.narrow(0, run_start, i - run_start)?);
-            }
-            rows.push(feat.narrow(0, *cursor, j - i)?.to_dtype(text.dtype())?);
-            *cursor += j - i;
-            run_start = j;
-            i = j;
-        }
-        if run_start < ids.len() {
-            rows.push(text.narrow(0, run_start, ids.len() - run_start)?);
-        }
-        for (feat, used) in [(img, next_img), (vid, next_vid)] {
-            if let Some(f) = feat {
-                if f.dim(0)? != used {
-                    bail!("{} vision features but {used} placeholder tokens", f.dim(0)?);
-                }
-            }
-        }
-        Ok(Tensor::cat(&rows, 0)?)
     }
 }
 
@@ -145,6 +97,7 @@ fn spec_of(cfg: &Config) -> ModelSpec {
             patch_size: cfg.vision.patch_size,
             spatial_merge_size: cfg.vision.spatial_merge_size,
             temporal_patch_size: cfg.vision.temporal_patch_size,
+            video_timestamps: false,
         }),
     }
 }
@@ -171,20 +124,21 @@ impl Model for QwenVl {
             bail!("{} media items but {} feature tensors", media.len(), features.len());
         }
         let (positions, rope_delta) = rope_index(ids, media, &self.cfg)?;
-        let cat = |video: bool| -> Result<Option<Tensor>> {
-            let parts: Vec<&Tensor> = media.iter().zip(features).filter(|(m, _)| m.is_video == video).map(|(_, f)| f).collect();
-            Ok(if parts.is_empty() { None } else { Some(Tensor::cat(&parts, 0)?) })
-        };
-        let embeds = self.merge_features(ids, cat(false)?.as_ref(), cat(true)?.as_ref())?;
-        Ok(PromptInputs { embeds, positions, rope_delta })
+        let (img, vid) = (cat_kind(media, features, false)?, cat_kind(media, features, true)?);
+        let text = self.text.embed(ids)?;
+        let embeds = splice_features(&text, ids, self.cfg.image_token_id, self.cfg.video_token_id, img.as_ref(), vid.as_ref())?;
+        Ok(PromptInputs { embeds, positions, rope_delta, deepstack: None })
     }
 
     fn embed_tokens(&self, ids: &[u32]) -> Result<Tensor> {
         Ok(self.text.embed(ids)?)
     }
 
-    fn forward(&self, embeds: &Tensor, positions: &Positions, cache: &mut dyn StepCache) -> Result<Tensor> {
-        Ok(self.text.forward(embeds, positions, cache)?)
+    fn forward(&self, embeds: &Tensor, positions: &Positions, deepstack: Option<&Deepstack>, cache: &mut dyn StepCache) -> Result<Tensor> {
+        if deepstack.is_some() {
+            bail!("{} has no DeepStack layers", self.cfg.variant.model_type());
+        }
+        Ok(self.text.forward(embeds, positions, None, cache)?)
     }
 
     fn logits(&self, hidden: &Tensor) -> Result<Tensor> {

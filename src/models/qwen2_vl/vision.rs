@@ -1,30 +1,24 @@
 //! Vision towers of both variants in one place: the variant picks the norm (LayerNorm vs
 //! RMSNorm), the MLP (QuickGELU vs SwiGLU) and whether window attention is used (Qwen2.5-VL).
+//! The block, patch embedding and 2-D rotary are shared with Qwen3-VL (`layers::vision`).
 //!
 //! Input: patches `[N, C*T*P*P]` in the processor's order (merge-block major) plus one
 //! `(t, h, w)` grid per image/video; output: merged tokens `[N / merge², out_hidden]`.
 
-use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_core::{DType, Module, Result, Tensor};
 
 use super::config::{Variant, VisionConfig};
-use crate::layers::{apply_rope, dense_attention, linear, Linear, Mlp, Norm};
+use crate::layers::vision::{check_patches, frame_bounds, patch_embed, PatchShape, VisionBlock, VisionRotary};
+use crate::layers::{linear, Linear, Mlp, Norm};
 use crate::weights::Weights;
-
-struct Block {
-    norm1: Norm,
-    norm2: Norm,
-    qkv: Linear,
-    proj: Linear,
-    mlp: Mlp,
-}
 
 pub struct VisionTower {
     patch_embed: Linear,
-    blocks: Vec<Block>,
+    blocks: Vec<VisionBlock>,
     merger_norm: Norm,
     merger_fc1: Linear,
     merger_fc2: Linear,
-    inv_freq: Vec<f32>,
+    rotary: VisionRotary,
     cfg: VisionConfig,
     variant: Variant,
     dtype: DType,
@@ -33,12 +27,8 @@ pub struct VisionTower {
 impl VisionTower {
     pub fn new(variant: Variant, cfg: &VisionConfig, vb: Weights) -> Result<Self> {
         let w = cfg.width;
-        // Conv3d with stride == kernel over pre-cut patches is a matmul with the flattened kernel.
-        let conv = vb.pp("patch_embed").pp("proj").get(
-            (w, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size),
-            "weight",
-        )?;
-        let patch_embed = Linear::new(conv.reshape((w, cfg.patch_dim()))?, None);
+        let shape = PatchShape { in_channels: cfg.in_channels, temporal: cfg.temporal_patch_size, patch: cfg.patch_size };
+        let patch_embed = patch_embed(w, shape, false, vb.pp("patch_embed").pp("proj"))?;
         let norm = |vb: Weights| match variant {
             Variant::Qwen2Vl => Norm::layer(w, 1e-6, vb),
             Variant::Qwen25Vl => Norm::rms(w, 1e-6, vb),
@@ -50,28 +40,17 @@ impl VisionTower {
                 Variant::Qwen2Vl => Mlp::plain(w, cfg.mlp_width, cfg.hidden_act, bvb.pp("mlp"))?,
                 Variant::Qwen25Vl => Mlp::gated(w, cfg.mlp_width, true, cfg.hidden_act, bvb.pp("mlp"))?,
             };
-            blocks.push(Block {
-                norm1: norm(bvb.pp("norm1"))?,
-                norm2: norm(bvb.pp("norm2"))?,
-                qkv: linear(w, 3 * w, true, bvb.pp("attn").pp("qkv"))?,
-                proj: linear(w, w, true, bvb.pp("attn").pp("proj"))?,
-                mlp,
-            });
+            blocks.push(VisionBlock::new(w, cfg.num_heads, norm, mlp, bvb)?);
         }
         let merged = w * cfg.spatial_merge_size * cfg.spatial_merge_size;
         let mvb = vb.pp("merger");
-        // Rotary over (row, col): each gets a quarter of the head dim, theta 10000.
-        let rot_dim = cfg.head_dim() / 2;
-        let inv_freq = (0..rot_dim / 2)
-            .map(|i| (1.0 / 10000f64.powf((2 * i) as f64 / rot_dim as f64)) as f32)
-            .collect();
         Ok(VisionTower {
             patch_embed,
             blocks,
             merger_norm: norm(mvb.pp("ln_q"))?,
             merger_fc1: linear(merged, merged, true, mvb.pp("mlp").pp("0"))?,
             merger_fc2: linear(merged, cfg.out_hidden_size, true, mvb.pp("mlp").pp("2"))?,
-            inv_freq,
+            rotary: VisionRotary::new(cfg.head_dim(), cfg.spatial_merge_size),
             cfg: cfg.clone(),
             variant,
             dtype: vb.dtype(),
@@ -86,13 +65,10 @@ impl VisionTower {
     pub fn forward(&self, pixels: &Tensor, grids: &[[usize; 3]]) -> Result<Tensor> {
         let dev = pixels.device().clone();
         let n = pixels.dim(0)?;
-        let expected: usize = grids.iter().map(|g| g[0] * g[1] * g[2]).sum();
-        if n != expected {
-            candle_core::bail!("vision input has {n} patches but the grids describe {expected}");
-        }
+        check_patches(n, grids)?;
         let unit = self.cfg.spatial_merge_size * self.cfg.spatial_merge_size;
         let mut x = self.patch_embed.forward(&pixels.to_dtype(self.dtype())?)?;
-        let (mut cos, mut sin) = self.rotary(grids, &dev)?;
+        let (mut cos, mut sin) = self.rotary.tables(grids, &dev)?;
         let frames = frame_bounds(grids);
         let mut order: Option<Vec<u32>> = None;
         let windows = if self.variant == Variant::Qwen25Vl {
@@ -109,7 +85,7 @@ impl VisionTower {
         for (i, blk) in self.blocks.iter().enumerate() {
             let full = self.variant == Variant::Qwen2Vl || self.cfg.fullatt_block_indexes.contains(&i);
             let segs = if full { &frames } else { &windows };
-            x = self.block(blk, &x, &cos, &sin, segs)?;
+            x = blk.forward(&x, &cos, &sin, segs)?;
         }
         let merged_dim = self.cfg.width * unit;
         let y = self.merger_norm.forward(&x)?.reshape((n / unit, merged_dim))?;
@@ -125,70 +101,6 @@ impl VisionTower {
             None => Ok(y),
         }
     }
-
-    fn block(&self, b: &Block, x: &Tensor, cos: &Tensor, sin: &Tensor, segs: &[(usize, usize)]) -> Result<Tensor> {
-        let n = x.dim(0)?;
-        let heads = self.cfg.num_heads;
-        let d = self.cfg.head_dim();
-        let h = b.norm1.forward(x)?;
-        let qkv = b.qkv.forward(&h)?.reshape((n, 3, heads, d))?;
-        let q = apply_rope(&qkv.narrow(1, 0, 1)?.squeeze(1)?, cos, sin)?;
-        let k = apply_rope(&qkv.narrow(1, 1, 1)?.squeeze(1)?, cos, sin)?;
-        let v = qkv.narrow(1, 2, 1)?.squeeze(1)?;
-        let scale = 1.0 / (d as f64).sqrt();
-        let mut outs = Vec::with_capacity(segs.len());
-        for &(start, len) in segs {
-            outs.push(dense_attention(&q.narrow(0, start, len)?, &k.narrow(0, start, len)?, &v.narrow(0, start, len)?, scale)?);
-        }
-        let att = b.proj.forward(&Tensor::cat(&outs, 0)?)?;
-        let x = (x + att)?;
-        let m = b.mlp.forward(&b.norm2.forward(&x)?)?;
-        x + m
-    }
-
-    /// cos/sin `[N, head_dim/2]`: row frequencies then column frequencies of each patch, in
-    /// the processor's merge-block order.
-    fn rotary(&self, grids: &[[usize; 3]], dev: &Device) -> Result<(Tensor, Tensor)> {
-        let m = self.cfg.spatial_merge_size;
-        let q = self.inv_freq.len();
-        let mut cos = Vec::new();
-        let mut sin = Vec::new();
-        for &[t, h, w] in grids {
-            for _ in 0..t {
-                for bh in 0..h / m {
-                    for bw in 0..w / m {
-                        for ih in 0..m {
-                            for iw in 0..m {
-                                let (row, col) = ((bh * m + ih) as f32, (bw * m + iw) as f32);
-                                for pos in [row, col] {
-                                    for f in 0..q {
-                                        let a = pos * self.inv_freq[f];
-                                        cos.push(a.cos());
-                                        sin.push(a.sin());
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        let n = cos.len() / (2 * q);
-        Ok((Tensor::from_vec(cos, (n, 2 * q), dev)?, Tensor::from_vec(sin, (n, 2 * q), dev)?))
-    }
-}
-
-/// (start, len) of every frame: full attention never crosses a temporal step.
-fn frame_bounds(grids: &[[usize; 3]]) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    for &[t, h, w] in grids {
-        for _ in 0..t {
-            out.push((start, h * w));
-            start += h * w;
-        }
-    }
-    out
 }
 
 /// Qwen2.5-VL windows: merge units are regrouped into square windows of

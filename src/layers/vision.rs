@@ -1,0 +1,159 @@
+//! Pieces every Qwen vision tower shares: the patch embedding (a Conv3d whose stride equals
+//! its kernel, over patches the processor already cut), the pre-norm ViT block with 2-D
+//! rotary over (row, col), and the rotary tables in the processor's merge-block order.
+//! Towers differ only in the norm and MLP they hand to `VisionBlock::new` and in what they do
+//! around the blocks (windows, learned positions, DeepStack).
+
+use candle_core::{Device, Module, Result, Tensor};
+
+use super::{apply_rope, dense_attention, linear, Linear, Mlp, Norm};
+use crate::weights::Weights;
+
+/// Patch geometry of a tower.
+#[derive(Clone, Copy, Debug)]
+pub struct PatchShape {
+    pub in_channels: usize,
+    pub temporal: usize,
+    pub patch: usize,
+}
+
+impl PatchShape {
+    /// Values in one flattened patch: channels × temporal × patch × patch.
+    pub fn dim(&self) -> usize {
+        self.in_channels * self.temporal * self.patch * self.patch
+    }
+}
+
+/// Conv3d with stride == kernel over pre-cut patches = a matmul with the flattened kernel.
+pub fn patch_embed(width: usize, p: PatchShape, bias: bool, w: Weights) -> Result<Linear> {
+    let conv = w.get((width, p.in_channels, p.temporal, p.patch, p.patch), "weight")?;
+    let b = match bias {
+        true => Some(w.get(width, "bias")?),
+        false => None,
+    };
+    Ok(Linear::new(conv.reshape((width, p.dim()))?, b))
+}
+
+/// One pre-norm block: x + attn(norm1(x)), then + mlp(norm2(x)). Attention is dense within
+/// each segment (a frame or a window) and never crosses one.
+pub struct VisionBlock {
+    norm1: Norm,
+    norm2: Norm,
+    qkv: Linear,
+    proj: Linear,
+    mlp: Mlp,
+    heads: usize,
+}
+
+impl VisionBlock {
+    pub fn new(width: usize, heads: usize, norm: impl Fn(Weights) -> Result<Norm>, mlp: Mlp, w: Weights) -> Result<Self> {
+        Ok(VisionBlock {
+            norm1: norm(w.pp("norm1"))?,
+            norm2: norm(w.pp("norm2"))?,
+            qkv: linear(width, 3 * width, true, w.pp("attn").pp("qkv"))?,
+            proj: linear(width, width, true, w.pp("attn").pp("proj"))?,
+            mlp,
+            heads,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, segs: &[(usize, usize)]) -> Result<Tensor> {
+        let (n, width) = x.dims2()?;
+        let d = width / self.heads;
+        let h = self.norm1.forward(x)?;
+        let qkv = self.qkv.forward(&h)?.reshape((n, 3, self.heads, d))?;
+        let q = apply_rope(&qkv.narrow(1, 0, 1)?.squeeze(1)?, cos, sin)?;
+        let k = apply_rope(&qkv.narrow(1, 1, 1)?.squeeze(1)?, cos, sin)?;
+        let v = qkv.narrow(1, 2, 1)?.squeeze(1)?;
+        let scale = 1.0 / (d as f64).sqrt();
+        let mut outs = Vec::with_capacity(segs.len());
+        for &(start, len) in segs {
+            outs.push(dense_attention(&q.narrow(0, start, len)?, &k.narrow(0, start, len)?, &v.narrow(0, start, len)?, scale)?);
+        }
+        let att = self.proj.forward(&Tensor::cat(&outs, 0)?)?;
+        let x = (x + att)?;
+        let m = self.mlp.forward(&self.norm2.forward(&x)?)?;
+        x + m
+    }
+}
+
+/// 2-D rotary of a tower: each of row and column gets a quarter of the head dim, theta 10000.
+#[derive(Clone, Debug)]
+pub struct VisionRotary {
+    inv_freq: Vec<f32>,
+    merge: usize,
+}
+
+impl VisionRotary {
+    pub fn new(head_dim: usize, merge: usize) -> Self {
+        let rot_dim = head_dim / 2;
+        let inv_freq = (0..rot_dim / 2).map(|i| (1.0 / 10000f64.powf((2 * i) as f64 / rot_dim as f64)) as f32).collect();
+        VisionRotary { inv_freq, merge }
+    }
+
+    /// cos/sin `[N, head_dim/2]`: row frequencies then column frequencies of each patch, in
+    /// the processor's merge-block order.
+    pub fn tables(&self, grids: &[[usize; 3]], dev: &Device) -> Result<(Tensor, Tensor)> {
+        let m = self.merge;
+        let q = self.inv_freq.len();
+        let mut cos = Vec::new();
+        let mut sin = Vec::new();
+        for &[t, h, w] in grids {
+            for _ in 0..t {
+                for (row, col) in merge_order(h, w, m) {
+                    for pos in [row as f32, col as f32] {
+                        for f in 0..q {
+                            let a = pos * self.inv_freq[f];
+                            cos.push(a.cos());
+                            sin.push(a.sin());
+                        }
+                    }
+                }
+            }
+        }
+        let n = cos.len() / (2 * q);
+        Ok((Tensor::from_vec(cos, (n, 2 * q), dev)?, Tensor::from_vec(sin, (n, 2 * q), dev)?))
+    }
+}
+
+/// (row, col) of each patch of an `h × w` grid in merge-block order: blocks of `m × m`
+/// patches row-major, patches row-major within a block.
+pub fn merge_order(h: usize, w: usize, m: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..h / m).flat_map(move |bh| {
+        (0..w / m).flat_map(move |bw| (0..m).flat_map(move |ih| (0..m).map(move |iw| (bh * m + ih, bw * m + iw))))
+    })
+}
+
+/// (start, len) of every frame: full attention never crosses a temporal step.
+pub fn frame_bounds(grids: &[[usize; 3]]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for &[t, h, w] in grids {
+        for _ in 0..t {
+            out.push((start, h * w));
+            start += h * w;
+        }
+    }
+    out
+}
+
+/// Checks that `n` patch rows match the grids.
+pub fn check_patches(n: usize, grids: &[[usize; 3]]) -> Result<()> {
+    let expected: usize = grids.iter().map(|g| g[0] * g[1] * g[2]).sum();
+    if n != expected {
+        candle_core::bail!("vision input has {n} patches but the grids describe {expected}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_order_visits_blocks_then_patches() {
+        let v: Vec<_> = merge_order(2, 4, 2).collect();
+        assert_eq!(v, vec![(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3)]);
+        assert_eq!(frame_bounds(&[[2, 2, 4], [1, 2, 2]]), vec![(0, 8), (8, 8), (16, 4)]);
+    }
+}

@@ -1,0 +1,156 @@
+//! The Qwen text decoder every family here shares: Qwen2 (q/k/v biases), Qwen3 (per-head q/k
+//! RMSNorm, no biases, head_dim from the config), dense or sparse-MoE feed-forwards, sectioned
+//! or interleaved M-RoPE, and DeepStack (visual features added to the hidden states of the
+//! first layers). A family describes its decoder in a `DecoderConfig`; no family copies it.
+//!
+//! Tensors are token-major and unbatched (`[T, hidden]`): the engine packs the tokens of many
+//! sequences into one step and lets the `StepCache` keep them apart.
+
+use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_nn::Embedding;
+
+use super::cache::StepCache;
+use super::{Deepstack, Positions};
+use crate::layers::attention::{AttentionShape, SelfAttention};
+use crate::layers::moe::{MoeShape, SparseMoe};
+use crate::layers::{Act, Linear, Mlp, Norm, Rotary, RotaryLayout};
+use crate::weights::Weights;
+
+#[derive(Clone, Debug)]
+pub struct DecoderConfig {
+    pub vocab_size: usize,
+    pub num_layers: usize,
+    pub attention: AttentionShape,
+    pub intermediate_size: usize,
+    pub hidden_act: Act,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope: RotaryLayout,
+    pub tie_word_embeddings: bool,
+    /// Sparse feed-forwards, and which layers have one (the others stay dense).
+    pub moe: Option<(MoeShape, Vec<bool>)>,
+}
+
+impl DecoderConfig {
+    pub fn hidden(&self) -> usize {
+        self.attention.hidden
+    }
+}
+
+/// How a layer mixes tokens. Hybrid families add variants (and their `LayerKind`) beside it.
+enum Mixer {
+    Attention(SelfAttention),
+}
+
+enum Ffn {
+    Dense(Mlp),
+    Sparse(SparseMoe),
+}
+
+struct DecoderLayer {
+    mixer: Mixer,
+    ffn: Ffn,
+    input_norm: Norm,
+    post_attn_norm: Norm,
+}
+
+pub struct Decoder {
+    embed: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: Norm,
+    lm_head: Linear,
+    rope: Rotary,
+    cfg: DecoderConfig,
+}
+
+impl Decoder {
+    /// `w` points at the decoder (`model.` or `model.language_model.`); `lm_head` is looked up
+    /// beside it in `root` unless embeddings are tied.
+    pub fn new(cfg: &DecoderConfig, w: Weights, root: Weights) -> Result<Self> {
+        let h = cfg.hidden();
+        let embed = candle_nn::embedding(cfg.vocab_size, h, w.pp("embed_tokens").vb().clone())?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let lw = w.pp("layers").pp(i);
+            let ffn = match &cfg.moe {
+                Some((shape, sparse)) if sparse.get(i).copied().unwrap_or(false) => Ffn::Sparse(SparseMoe::new(*shape, lw.pp("mlp"))?),
+                _ => Ffn::Dense(Mlp::gated(h, cfg.intermediate_size, false, cfg.hidden_act, lw.pp("mlp"))?),
+            };
+            layers.push(DecoderLayer {
+                mixer: Mixer::Attention(SelfAttention::new(cfg.attention, lw.pp("self_attn"))?),
+                ffn,
+                input_norm: Norm::rms(h, cfg.rms_norm_eps, lw.pp("input_layernorm"))?,
+                post_attn_norm: Norm::rms(h, cfg.rms_norm_eps, lw.pp("post_attention_layernorm"))?,
+            });
+        }
+        let norm = Norm::rms(h, cfg.rms_norm_eps, w.pp("norm"))?;
+        let lm_head = if cfg.tie_word_embeddings {
+            // A quantizing source gives the tied head its own quantized copy while the lookup
+            // stays dense: the head is read whole every token, the lookup one row.
+            match w.pp("embed_tokens").quantized("weight", &candle_core::Shape::from((cfg.vocab_size, h))) {
+                Some(q) => Linear::quantized(q?, None)?,
+                None => Linear::new(embed.embeddings().clone(), None),
+            }
+        } else {
+            crate::layers::linear(h, cfg.vocab_size, false, root.pp("lm_head"))?
+        };
+        let rope = Rotary::new(cfg.attention.head_dim, cfg.rope_theta, &cfg.rope);
+        Ok(Decoder { embed, layers, norm, lm_head, rope, cfg: cfg.clone() })
+    }
+
+    pub fn config(&self) -> &DecoderConfig {
+        &self.cfg
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.embed.embeddings().dtype()
+    }
+
+    pub fn device(&self) -> &Device {
+        self.embed.embeddings().device()
+    }
+
+    /// Token embeddings `[T, hidden]`.
+    pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::new(ids, self.device())?;
+        self.embed.forward(&ids)
+    }
+
+    /// Runs the decoder over `T` new tokens; returns final-normed hidden states `[T, hidden]`.
+    /// `deepstack` rows are indices into this step's tokens.
+    pub fn forward(&self, embeds: &Tensor, positions: &Positions, deepstack: Option<&Deepstack>, cache: &mut dyn StepCache) -> Result<Tensor> {
+        let (cos, sin) = self.rope.tables(positions, self.device())?;
+        let hidden = self.cfg.hidden();
+        let deep = match deepstack {
+            Some(d) if !d.rows.is_empty() => Some((Tensor::new(d.rows.as_slice(), self.device())?, d)),
+            _ => None,
+        };
+        let mut x = embeds.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_norm.forward(&x)?;
+            let h = match &layer.mixer {
+                Mixer::Attention(a) => a.forward(&h, &self.rope, &cos, &sin, i, cache)?,
+            };
+            let x1 = (&x + h)?;
+            let h = layer.post_attn_norm.forward(&x1)?;
+            let h = match &layer.ffn {
+                Ffn::Dense(m) => m.forward(&h)?,
+                Ffn::Sparse(m) => m.forward(&h)?,
+            };
+            x = (x1 + h)?;
+            // DeepStack: level i of the visual features joins the residual after layer i.
+            if let Some((rows, d)) = &deep {
+                if i < d.levels(hidden)? {
+                    let f = d.features.narrow(1, i * hidden, hidden)?.to_dtype(x.dtype())?.contiguous()?;
+                    x = x.index_add(rows, &f, 0)?;
+                }
+            }
+        }
+        self.norm.forward(&x)
+    }
+
+    /// Vocabulary logits in f32, `[T, vocab]`.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(hidden)?.to_dtype(DType::F32)
+    }
+}
