@@ -23,7 +23,8 @@ fn media_of(meta: &serde_json::Value) -> Vec<Media> {
                 out.push(Media::Image(load(img)));
             } else if let Some(frames) = p.get("video") {
                 let frames = frames.as_array().unwrap().iter().map(load).collect();
-                out.push(Media::Video { frames, fps: meta["fps"].as_f64().unwrap() });
+                let fps = meta.get("fps").or_else(|| meta.get("video_fps")).and_then(|f| f.as_f64()).unwrap();
+                out.push(Media::Video { frames, fps });
             }
         }
     }
@@ -66,4 +67,15 @@ fn qwen2_vl_files_to_tokens() {
 #[test]
 fn qwen2_5_vl_files_to_tokens() {
     check("qwen2_5_vl");
+}
+
+/// Also Qwen3-VL's video prompt: each temporal step after its time ("<0.2 seconds>").
+#[test]
+fn qwen3_vl_files_to_tokens() {
+    check("qwen3_vl");
+}
+
+#[test]
+fn qwen3_vl_moe_files_to_tokens() {
+    check("qwen3_vl_moe");
 }

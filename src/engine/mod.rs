@@ -31,3 +31,4 @@ pub use error::{EngineError, EngineResult};
 pub use handle::{EngineHandle, EngineThread, Event, RequestId, RequestStream, StreamEnded};
 pub use kv_pool::KvMemory;
 pub use request::{ChatRequest, PreparedRequest, RequestPreparer};
+pub use scheduler::SchedulerConfig;
