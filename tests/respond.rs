@@ -217,3 +217,33 @@ fn recording_keyframes_stop_before_the_answered_turn() {
     let none = frames::from_recording(&missing, &spans, until, &FrameOptions { skip_bad_media: true, ..opts }, &mut r).unwrap();
     assert!(none.is_empty() && r.notes.iter().any(|n| n.contains("none.avi")));
 }
+
+/// `merg respond` on the example dialogue (four keyframes) with the tiny Qwen3-VL and
+/// Qwen3-VL-MoE checkpoints: every agent's output parses, and later agents reuse the prefix.
+#[test]
+fn merg_respond_runs_on_qwen3_vl() {
+    for family in ["qwen3_vl", "qwen3_vl_moe"] {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = dir.path().join("t.json");
+        let out = Command::new(env!("CARGO_BIN_EXE_merg"))
+            .args(["respond", "--model", tiny_dir(family).to_str().unwrap(), "--dialogue"])
+            .arg(example("dialogue.json"))
+            .args(["--memory"])
+            .arg(example("memory.jsonl"))
+            .args(["--trace", trace.to_str().unwrap(), "--max-new-tokens", "240", "--max-field-chars", "16", "--kv-memory", "blocks:512"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{family}: {stderr}");
+        let t: Trace = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+        check_trace(&t);
+        assert_eq!(t.reply.trim(), String::from_utf8_lossy(&out.stdout).trim(), "{family}");
+        // Every call after the first starts from the shared dialogue + keyframe prefix.
+        let calls: Vec<_> = t.rounds.iter().flat_map(|r| r.calls.iter()).collect();
+        let later = &calls[1..];
+        let (cached, prompt): (usize, usize) = (later.iter().map(|c| c.cached_tokens).sum(), later.iter().map(|c| c.prompt_tokens).sum());
+        println!("{family}: {:?}; later calls {cached}/{prompt} prompt tokens cached", t.totals);
+        assert!(later.iter().all(|c| c.cached_tokens > 0), "{family}: every later agent reuses the prefix");
+        assert!(cached * 2 > prompt, "{family}: later agents take most of their prompt from the cache: {cached}/{prompt}");
+    }
+}
