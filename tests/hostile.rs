@@ -124,9 +124,14 @@ fn png(dir: &Path, name: &str, w: u32, h: u32) -> String {
 
 /// A copy of the tiny checkpoint with `edit` applied to its directory.
 fn checkpoint_with(root: &Path, name: &str, edit: impl FnOnce(&Path)) -> String {
+    checkpoint_from("qwen2_5_vl", root, name, edit)
+}
+
+/// A copy of the tiny checkpoint of `family` with `edit` applied to its directory.
+fn checkpoint_from(family: &str, root: &Path, name: &str, edit: impl FnOnce(&Path)) -> String {
     let dir = root.join(name);
     std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(tiny_dir("qwen2_5_vl")).unwrap() {
+    for e in std::fs::read_dir(tiny_dir(family)).unwrap() {
         let e = e.unwrap();
         std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
     }
@@ -312,6 +317,29 @@ fn hostile_checkpoints_templates_and_flags() {
         case("prompt template syntax", respond(&model, &good, &["--prompts", &s(&syntax)]), &["caef.j2"]),
         case("serve on 0.0.0.0 without a key", vec!["serve".into(), "--model".into(), model.clone(), "--host".into(), "0.0.0.0".into()], &["API key", "--api-key-file"]),
         case("serve key file is /dev/zero", vec!["serve".into(), "--model".into(), model.clone(), "--api-key-file".into(), "/dev/zero".into()], &["--api-key-file", "not a regular file"]),
+    ]);
+}
+
+/// Qwen3-VL checkpoints that disagree with their config: each error names the field or the
+/// tensor, exit ≠ 0, no panic.
+#[test]
+fn hostile_qwen3_vl_checkpoints() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    let cfg = |family: &str, name: &'static str, f: fn(&mut serde_json::Value)| checkpoint_from(family, d, name, |dir| edit_json(&dir.join("config.json"), f));
+    let beyond = cfg("qwen3_vl", "deepstack_beyond", |v| v["vision_config"]["deepstack_visual_indexes"] = serde_json::json!([0, 1, 9]));
+    let missing = cfg("qwen3_vl", "merger_missing", |v| v["vision_config"]["deepstack_visual_indexes"] = serde_json::json!([0, 1, 2, 3]));
+    let extra = cfg("qwen3_vl", "merger_extra", |v| v["vision_config"]["deepstack_visual_indexes"] = serde_json::json!([0, 1]));
+    let experts = cfg("qwen3_vl_moe", "expert_count", |v| v["text_config"]["num_experts"] = 6.into());
+    let top_k = cfg("qwen3_vl_moe", "top_k", |v| v["text_config"]["num_experts_per_tok"] = 9.into());
+    let gen = |m: &str| -> Vec<String> { ["generate", "--model", m, "--prompt", "Hi", "--max-new-tokens", "2"].iter().map(|s| s.to_string()).collect() };
+    let case = |name, args: Vec<String>, needles: &[&str]| Case { args, ..Case::fails(name, &[], needles) };
+    check(vec![
+        case("DeepStack index beyond the tower", gen(&beyond), &["deepstack_beyond", "deepstack_visual_indexes has 9", "depth 4"]),
+        case("missing DeepStack merger", gen(&missing), &["merger_missing", "deepstack_merger_list.3"]),
+        case("more mergers than indexes", gen(&extra), &["merger_extra", "more DeepStack mergers"]),
+        case("expert count disagrees with the tensors", gen(&experts), &["expert_count", "mlp.gate", "[6, 64]"]),
+        case("top-k above the expert count", gen(&top_k), &["top_k", "num_experts_per_tok 9"]),
     ]);
 }
 
