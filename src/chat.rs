@@ -105,6 +105,18 @@ pub const QWEN2_VL_CHAT_TEMPLATE: &str = "{% set image_count = namespace(value=0
 /// See [`QWEN2_VL_CHAT_TEMPLATE`]; kept as its own name so callers say which model they mean.
 pub const QWEN2_5_VL_CHAT_TEMPLATE: &str = QWEN2_VL_CHAT_TEMPLATE;
 
+/// The chat template shipped with Qwen3-VL-*-Instruct (no default system prompt; tools).
+pub const QWEN3_VL_CHAT_TEMPLATE: &str = include_str!("../models/qwen3-vl-chat-template.jinja");
+
+/// The released chat template of a family, for checkpoints made from a config alone (dummy
+/// weights): what its Instruct models ship.
+pub fn default_chat_template(model_type: &str) -> &'static str {
+    match model_type {
+        "qwen3_vl" | "qwen3_vl_moe" => QWEN3_VL_CHAT_TEMPLATE,
+        _ => QWEN2_VL_CHAT_TEMPLATE,
+    }
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,

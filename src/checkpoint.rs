@@ -77,6 +77,7 @@ impl Checkpoint {
             None => PreprocessorConfig::default(),
         };
         let processor = Processor::new(tokenizer, preprocessor, model.spec());
+        processor.check_ids(model.spec())?;
         Ok(Checkpoint { model, processor, files: Some(files), quant_stats })
     }
 
@@ -91,7 +92,8 @@ impl Checkpoint {
         let dtype = opts.dtype.unwrap_or_else(|| crate::weights::default_dtype(device));
         let (weights, quant_stats) = opts.weights(Weights::dummy(dtype, device));
         let model = models::load(&cfg, weights).with_context(|| format!("model config {}", config.display()))?;
-        let processor = Processor::new(Arc::new(tokenizer), PreprocessorConfig::default(), model.spec());
+        let processor = Processor::new(Arc::new(tokenizer), PreprocessorConfig::for_spec(model.spec()), model.spec());
+        processor.check_ids(model.spec())?;
         Ok(Checkpoint { model, processor, files: None, quant_stats })
     }
 

@@ -32,6 +32,27 @@ impl Processor {
         Processor { tokenizer, preprocessor, vision: spec.vision.clone() }
     }
 
+    /// The tokenizer's media tokens must be the ones the model config names, or every
+    /// placeholder would be spliced in the wrong place (a tokenizer from another checkpoint).
+    pub fn check_ids(&self, spec: &ModelSpec) -> Result<()> {
+        if spec.vision.is_none() {
+            return Ok(());
+        }
+        let t = self.tokenizer.special();
+        let s = &spec.special;
+        for (name, tok, cfg) in [
+            ("<|image_pad|>", t.image_pad, s.image),
+            ("<|video_pad|>", t.video_pad, s.video),
+            ("<|vision_start|>", t.vision_start, s.vision_start),
+            ("<|vision_end|>", t.vision_end, s.vision_end),
+        ] {
+            if tok != cfg {
+                bail!("the tokenizer's {name} is id {tok} but the model config says {cfg}: tokenizer and config come from different checkpoints");
+            }
+        }
+        Ok(())
+    }
+
     fn vision(&self) -> Result<&VisionSpec> {
         self.vision.as_ref().context("this model takes no images or videos")
     }

@@ -148,3 +148,38 @@ fn bench_agents_reports_cache_counters_and_every_pair() {
     assert!(r["cache_hit_fraction"].as_f64().unwrap() > 0.3, "{r}");
     assert_eq!(r["with_cache"]["requests"], 16);
 }
+
+/// `merg bench-agents` takes a Qwen3-VL (dense and MoE) config: dummy weights of its shape,
+/// the family's released chat template, and the cache-hit share in the report. The tiny
+/// checkpoints' configs run with their own tokenizer (the README test command runs without
+/// ../shared); with the real Qwen2 tokenizer present, the real-vocabulary dummy configs too.
+/// A tokenizer whose media ids disagree with the config is refused by name.
+#[test]
+fn bench_agents_takes_qwen3_vl_configs() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tiny_tok = tiny_dir("qwen3_vl").join("tokenizer.json");
+    let real_tok = root.join("../shared/data/qwen2-tokenizer/tokenizer.json");
+    let mut runs = vec![
+        (tiny_dir("qwen3_vl").join("config.json"), tiny_tok.clone()),
+        (tiny_dir("qwen3_vl_moe").join("config.json"), tiny_tok.clone()),
+    ];
+    if real_tok.exists() {
+        runs.push((root.join("models/dummy-small-qwen3-vl.json"), real_tok.clone()));
+        runs.push((root.join("models/dummy-small-qwen3-vl-moe.json"), real_tok));
+    }
+    let mismatch = merg(&["bench-agents", "--config", root.join("models/dummy-small-qwen3-vl.json").to_str().unwrap(), "--tokenizer", tiny_tok.to_str().unwrap()]);
+    assert!(!mismatch.status.success() && stderr(&mismatch).contains("<|image_pad|> is id 460 but the model config says 151655"), "{}", stderr(&mismatch));
+    for (cfg, tok) in runs {
+        let cfg = cfg.to_str().unwrap();
+        let o = merg(&[
+            "bench-agents", "--config", cfg, "--tokenizer", tok.to_str().unwrap(),
+            "--dialogues", "2", "--new-tokens", "2", "--keyframes", "2", "--keyframe-size", "64", "--repeats", "1",
+            "--kv-memory", "blocks:512",
+        ]);
+        assert!(o.status.success(), "{cfg}: {}", stderr(&o));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        println!("{cfg}: cache hit fraction {}", r["cache_hit_fraction"]);
+        assert!(r["cache_hit_fraction"].as_f64().unwrap() > 0.3, "{cfg}: {r}");
+        assert_eq!(r["with_cache"]["requests"], 16, "{cfg}: the same 8 calls per dialogue as for Qwen2.5-VL");
+    }
+}

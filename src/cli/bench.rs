@@ -214,7 +214,9 @@ pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
             let device = device.clone();
             Box::new(move || {
                 let dtype = dtype.unwrap_or_else(|| merg::weights::default_dtype(&device));
-                let tokenizer = merg::tokenizer::ChatTokenizer::from_files(&tok, Some(merg::chat::QWEN2_VL_CHAT_TEMPLATE.to_string()))?;
+                let model_type = merg::models::registry::model_type(&merg::models::registry::read_config(&config)?)?.to_string();
+                let template = merg::chat::default_chat_template(&model_type);
+                let tokenizer = merg::tokenizer::ChatTokenizer::from_files(&tok, Some(template.to_string()))?;
                 Checkpoint::dummy(&config, tokenizer, &device, dtype)
             })
         }
