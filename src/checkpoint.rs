@@ -72,10 +72,13 @@ impl Checkpoint {
         let (weights, quant_stats) = opts.weights(Weights::safetensors(&files.weights, dtype, device)?);
         let model = models::load(&config, weights).with_context(|| format!("loading model {} ({})", files.source, files.config.display()))?;
         let tokenizer = Arc::new(ChatTokenizer::from_dir(&files.dir)?);
-        let preprocessor = match &files.preprocessor_config {
+        let mut preprocessor = match &files.preprocessor_config {
             Some(p) => PreprocessorConfig::from_file(p)?,
             None => PreprocessorConfig::default(),
         };
+        if let Some(p) = &files.video_preprocessor_config {
+            preprocessor.read_video_budget(p)?;
+        }
         let processor = Processor::new(tokenizer, preprocessor, model.spec());
         processor.check_ids(model.spec())?;
         Ok(Checkpoint { model, processor, files: Some(files), quant_stats })

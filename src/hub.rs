@@ -19,6 +19,8 @@ pub struct ModelFiles {
     pub tokenizer: PathBuf,
     pub tokenizer_config: Option<PathBuf>,
     pub preprocessor_config: Option<PathBuf>,
+    /// Qwen3-VL keeps its video budget apart (`video_preprocessor_config.json`).
+    pub video_preprocessor_config: Option<PathBuf>,
     pub generation_config: Option<PathBuf>,
     /// `chat_template.jinja` if present, else `chat_template.json`.
     pub chat_template: Option<PathBuf>,
@@ -69,12 +71,13 @@ pub fn resolve(model: &str, revision: Option<&str>) -> Result<ModelFiles> {
 
 const INDEX: &str = "model.safetensors.index.json";
 const SINGLE: &str = "model.safetensors";
-const OPTIONAL: [&str; 5] = [
+const OPTIONAL: [&str; 6] = [
     "tokenizer_config.json",
     "preprocessor_config.json",
     "generation_config.json",
     "chat_template.jinja",
     "chat_template.json",
+    "video_preprocessor_config.json",
 ];
 
 /// Resolves `model`: an existing local directory is used as is; anything else is taken as a
@@ -155,6 +158,7 @@ fn resolve_dir(source: &str, dir: &Path) -> Result<ModelFiles> {
         tokenizer: dir.join("tokenizer.json"),
         tokenizer_config: opt("tokenizer_config.json"),
         preprocessor_config: opt("preprocessor_config.json"),
+        video_preprocessor_config: opt("video_preprocessor_config.json"),
         generation_config: opt("generation_config.json"),
         chat_template: opt("chat_template.jinja").or_else(|| opt("chat_template.json")),
     })
@@ -238,7 +242,7 @@ fn resolve_cached(repo: &str, revision: &str, cache_dir: &Path) -> Result<ModelF
             cache_dir.display()
         );
     }
-    let [tokenizer_config, preprocessor_config, generation_config, jinja, json] =
+    let [tokenizer_config, preprocessor_config, generation_config, jinja, json, video_preprocessor_config] =
         OPTIONAL.map(lookup);
     let dir = snapshot.context("snapshot vanished")?;
     Ok(ModelFiles {
@@ -250,6 +254,7 @@ fn resolve_cached(repo: &str, revision: &str, cache_dir: &Path) -> Result<ModelF
         tokenizer: tokenizer.context("tokenizer.json vanished")?,
         tokenizer_config,
         preprocessor_config,
+        video_preprocessor_config,
         generation_config,
         chat_template: jinja.or(json),
     })
@@ -314,7 +319,7 @@ fn resolve_online(repo: &str, revision: &str, opts: &HubOptions) -> Result<Model
         .parent()
         .map(Path::to_path_buf)
         .context("config.json has no parent directory")?;
-    let [tokenizer_config, preprocessor_config, generation_config, jinja, json] =
+    let [tokenizer_config, preprocessor_config, generation_config, jinja, json, video_preprocessor_config] =
         OPTIONAL.map(maybe);
     Ok(ModelFiles {
         source: repo.to_string(),
@@ -325,6 +330,7 @@ fn resolve_online(repo: &str, revision: &str, opts: &HubOptions) -> Result<Model
         tokenizer,
         tokenizer_config,
         preprocessor_config,
+        video_preprocessor_config,
         generation_config,
         chat_template: jinja.or(json),
     })

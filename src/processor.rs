@@ -80,7 +80,10 @@ impl Processor {
     pub fn grid_for(&self, (frames, h, w): (usize, usize, usize), is_video: bool, fps: f64) -> Result<MediaGrid> {
         self.vision()?;
         let p = &self.preprocessor;
-        let (rh, rw) = vision::smart_resize(h, w, p.factor(), p.min_pixels, p.max_pixels)?;
+        let (rh, rw) = match p.video_budget {
+            Some((lo, hi)) if is_video && frames > 1 => vision::preprocess::smart_resize_video(frames, h, w, p.temporal_patch_size, p.factor(), lo, hi)?,
+            _ => vision::smart_resize(h, w, p.factor(), p.min_pixels, p.max_pixels)?,
+        };
         let t = if is_video { frames.div_ceil(p.temporal_patch_size) } else { 1 };
         let secs = if is_video { p.temporal_patch_size as f64 / fps } else { 0.0 };
         let frames = if is_video { frames } else { 0 };

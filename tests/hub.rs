@@ -58,6 +58,7 @@ fn offline_single_file_repo() {
             tokenizer: snap.join("tokenizer.json"),
             tokenizer_config: Some(snap.join("tokenizer_config.json")),
             preprocessor_config: None,
+            video_preprocessor_config: None,
             generation_config: None,
             chat_template: Some(snap.join("chat_template.json")),
         }

@@ -36,6 +36,9 @@ pub struct PreprocessorConfig {
     pub do_convert_rgb: bool,
     /// PIL resample id; only bicubic (3) is supported and `validate` enforces it.
     pub resample: u32,
+    /// Qwen3-VL videos: (min, max) pixels of the whole clip (frames × height × width), from
+    /// `video_preprocessor_config.json`; `None`: each frame is sized like an image.
+    pub video_budget: Option<(usize, usize)>,
 }
 
 /// `size` in newer configs: `{"shortest_edge": min_pixels, "longest_edge": max_pixels}`; some
@@ -90,6 +93,7 @@ impl From<RawPreprocessorConfig> for PreprocessorConfig {
             do_normalize: r.do_normalize.unwrap_or(true),
             do_convert_rgb: r.do_convert_rgb.unwrap_or(true),
             resample: r.resample.unwrap_or(PIL_BICUBIC),
+            video_budget: None,
         }
     }
 }
@@ -129,6 +133,21 @@ impl PreprocessorConfig {
             .map_err(|e| anyhow::anyhow!("parsing preprocessor config {}: field {}: {}", path.display(), e.path(), e.inner()))?;
         cfg.validate().with_context(|| format!("invalid preprocessor config {}", path.display()))?;
         Ok(cfg)
+    }
+
+    /// Reads Qwen3-VL's clip-wide video budget from a `video_preprocessor_config.json`
+    /// (other families' video configs repeat the image budget and change nothing).
+    pub fn read_video_budget(&mut self, path: &Path) -> Result<()> {
+        let text = crate::input::read_string(path, &crate::input::CONFIG).context("reading the video preprocessor config")?;
+        let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("video preprocessor config {} is not valid JSON", path.display()))?;
+        if v.get("video_processor_type").and_then(|t| t.as_str()) != Some("Qwen3VLVideoProcessor") {
+            return Ok(());
+        }
+        let edge = |k: &str| v.get("size").and_then(|s| s.get(k)).and_then(|x| x.as_u64()).map(|x| x as usize);
+        let (lo, hi) = (edge("shortest_edge").unwrap_or(128 * 32 * 32), edge("longest_edge").unwrap_or(32 * 32 * 768));
+        ensure!(lo <= hi && hi <= MAX_SANE_PIXELS * 64, "video preprocessor config {}: size {lo}..{hi} is not a valid pixel budget", path.display());
+        self.video_budget = Some((lo, hi));
+        Ok(())
     }
 
     /// Spatial alignment of resized images: one merged token covers `factor` pixels per side.
@@ -302,6 +321,29 @@ fn target_size(height: usize, width: usize, cfg: &PreprocessorConfig) -> Result<
     smart_resize(height, width, cfg.factor(), cfg.min_pixels, cfg.max_pixels)
 }
 
+/// Qwen3-VL's video `smart_resize`: the budget covers the whole clip (frames rounded to
+/// the temporal patch), and the scale factor counts the real frames.
+pub fn smart_resize_video(frames: usize, height: usize, width: usize, temporal: usize, factor: usize, min_pixels: usize, max_pixels: usize) -> Result<(usize, usize)> {
+    ensure!(factor > 0 && temporal > 0, "smart_resize: factor must be > 0");
+    ensure!(height >= factor && width >= factor, "video frames {height}x{width} are smaller than {factor} pixels on a side");
+    let (n, h, w, f) = (frames as f64, height as f64, width as f64, factor as f64);
+    let ratio = h.max(w) / h.min(w);
+    ensure!(ratio <= 200.0, "smart_resize: absolute aspect ratio must be at most 200, got {height}x{width}");
+    let mut h_bar = py_round(h / f) * f;
+    let mut w_bar = py_round(w / f) * f;
+    let t_bar = py_round(n / temporal as f64) * temporal as f64;
+    if t_bar * h_bar * w_bar > max_pixels as f64 {
+        let beta = ((n * h * w) / max_pixels as f64).sqrt();
+        h_bar = f.max((h / beta / f).floor() * f);
+        w_bar = f.max((w / beta / f).floor() * f);
+    } else if t_bar * h_bar * w_bar < min_pixels as f64 {
+        let beta = (min_pixels as f64 / (n * h * w)).sqrt();
+        h_bar = (h * beta / f).ceil() * f;
+        w_bar = (w * beta / f).ceil() * f;
+    }
+    Ok((h_bar as usize, w_bar as usize))
+}
+
 /// Patchify normalised CHW frames (count a multiple of T) into HF's order: reshape to
 /// `(gt, T, C, gh/m, m, P, gw/m, m, P)` and permute to `(gt, gh/m, gw/m, m, m, C, T, P, P)`.
 fn patchify(frames: &[Vec<f32>], height: usize, width: usize, cfg: &PreprocessorConfig) -> Patches {
@@ -354,7 +396,11 @@ fn preprocess_frames(
             f.height()
         );
     }
-    let (rh, rw) = target_size(h, w, cfg).with_context(|| format!("{what}: sizing {w}x{h}"))?;
+    let sized = match (cfg.video_budget, frames.len() > 1 && cfg.do_resize) {
+        (Some((lo, hi)), true) => smart_resize_video(frames.len(), h, w, cfg.temporal_patch_size, cfg.factor(), lo, hi),
+        _ => target_size(h, w, cfg),
+    };
+    let (rh, rw) = sized.with_context(|| format!("{what}: sizing {w}x{h}"))?;
     // Every frame is resized and normalised independently, like HF's per-image loop.
     let normalized = frames
         .iter()
@@ -395,4 +441,23 @@ pub fn preprocess_video(frames: &[RgbImage], cfg: &PreprocessorConfig) -> Result
     // A one-frame video still goes through the video padding rule (repeat to T), which is the
     // same result as the image rule.
     preprocess_frames(&refs, cfg, Norm::VideoFused, "video")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values from transformers 4.57.1 `video_processing_qwen3_vl.smart_resize`.
+    #[test]
+    fn video_smart_resize_equals_qwen3_vl() {
+        for ((n, h, w, t, f, lo, hi), want) in [
+            ((4, 56, 84, 2, 32, 4096, 65536), (64, 96)),
+            ((16, 720, 1280, 2, 32, 131072, 786432), (160, 288)),
+            ((3, 500, 300, 2, 32, 4096, 65536), (160, 96)),
+            ((8, 100, 2000, 2, 32, 65536, 100663296), (96, 1984)),
+        ] {
+            assert_eq!(smart_resize_video(n, h, w, t, f, lo, hi).unwrap(), want, "{n} frames {h}x{w}");
+        }
+        assert!(smart_resize_video(4, 20, 84, 2, 32, 4096, 65536).unwrap_err().to_string().contains("smaller than 32"));
+    }
 }
