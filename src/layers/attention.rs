@@ -17,6 +17,7 @@ pub struct SelfAttention {
     o: Linear,
     /// Qwen3: per-head RMSNorm of q and k (over head_dim) before rotary.
     qk_norm: Option<(Norm, Norm)>,
+    output_gate: bool,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -33,21 +34,31 @@ pub struct AttentionShape {
     pub qkv_bias: bool,
     /// Qwen3's q_norm / k_norm, with this epsilon.
     pub qk_norm_eps: Option<f64>,
+    /// Qwen3.5: zero-centred q/k norms (scale `1 + w`).
+    pub qk_norm_offset: bool,
+    /// Qwen3.5: `q_proj` also yields a per-head gate; the output is `o_proj(attn · σ(gate))`.
+    pub output_gate: bool,
 }
 
 impl SelfAttention {
     pub fn new(s: AttentionShape, w: Weights) -> Result<Self> {
         let (hidden, heads, kv_heads, head_dim) = (s.hidden, s.heads, s.kv_heads, s.head_dim);
+        let norm = |w: Weights, eps: f64| match s.qk_norm_offset {
+            true => Norm::rms_offset(head_dim, eps, w),
+            false => Norm::rms(head_dim, eps, w),
+        };
         let qk_norm = match s.qk_norm_eps {
-            Some(eps) => Some((Norm::rms(head_dim, eps, w.pp("q_norm"))?, Norm::rms(head_dim, eps, w.pp("k_norm"))?)),
+            Some(eps) => Some((norm(w.pp("q_norm"), eps)?, norm(w.pp("k_norm"), eps)?)),
             None => None,
         };
+        let q_width = if s.output_gate { 2 * heads * head_dim } else { heads * head_dim };
         Ok(SelfAttention {
-            q: linear(hidden, heads * head_dim, s.qkv_bias, w.pp("q_proj"))?,
+            q: linear(hidden, q_width, s.qkv_bias, w.pp("q_proj"))?,
             k: linear(hidden, kv_heads * head_dim, s.qkv_bias, w.pp("k_proj"))?,
             v: linear(hidden, kv_heads * head_dim, s.qkv_bias, w.pp("v_proj"))?,
             o: linear(heads * head_dim, hidden, false, w.pp("o_proj"))?,
             qk_norm,
+            output_gate: s.output_gate,
             heads,
             kv_heads,
             head_dim,
@@ -57,7 +68,14 @@ impl SelfAttention {
     /// `x: [T, hidden]` of this step; `layer` names the cache slot.
     pub fn forward(&self, x: &Tensor, rope: &Rotary, cos: &Tensor, sin: &Tensor, layer: usize, cache: &mut dyn StepCache) -> Result<Tensor> {
         let t = x.dim(0)?;
-        let q = self.q.forward(x)?.reshape((t, self.heads, self.head_dim))?;
+        // With an output gate, each head's q_proj rows are [query | gate].
+        let (q, gate) = match self.output_gate {
+            true => {
+                let qg = self.q.forward(x)?.reshape((t, self.heads, 2 * self.head_dim))?;
+                (qg.narrow(2, 0, self.head_dim)?.contiguous()?, Some(qg.narrow(2, self.head_dim, self.head_dim)?.reshape((t, self.heads * self.head_dim))?))
+            }
+            false => (self.q.forward(x)?.reshape((t, self.heads, self.head_dim))?, None),
+        };
         let k = self.k.forward(x)?.reshape((t, self.kv_heads, self.head_dim))?;
         let v = self.v.forward(x)?.reshape((t, self.kv_heads, self.head_dim))?;
         let (q, k) = match &self.qk_norm {
@@ -68,6 +86,10 @@ impl SelfAttention {
         let k = rope.apply(&k, cos, sin)?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let out = cache.attend(layer, &q, &k, &v.contiguous()?, scale)?;
+        let out = match gate {
+            Some(g) => (out * candle_nn::ops::sigmoid(&g)?)?,
+            None => out,
+        };
         self.o.forward(&out)
     }
 }

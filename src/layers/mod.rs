@@ -6,9 +6,13 @@
 //! - `attention`: causal grouped-query attention over cached K/V (optional q/k norm), dense
 //!   vision attention;
 //! - `moe`: sparse mixture-of-experts feed-forward (top-k routing);
+//! - `delta_net`, `delta_rule`: Gated DeltaNet (Qwen3.5's linear attention) and its gated
+//!   delta rule, chunked and recurrent;
 //! - `vision`: the ViT block, patch embedding and 2-D rotary of every Qwen vision tower.
 
 pub mod attention;
+pub mod delta_net;
+pub mod delta_rule;
 pub mod linear;
 pub mod mlp;
 pub mod moe;
@@ -22,7 +26,7 @@ use serde::{Deserialize, Serialize};
 pub use attention::{causal_gqa, causal_mask, dense_attention, softmax_f32};
 pub use linear::{linear, Linear};
 pub use mlp::Mlp;
-pub use norm::Norm;
+pub use norm::{GatedRmsNorm, Norm};
 pub use rotary::{apply_rope, Rotary, RotaryLayout};
 
 /// Activations named in HF configs.

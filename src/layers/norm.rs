@@ -1,7 +1,8 @@
-//! Normalisations: RMSNorm (Qwen text decoders, Qwen2.5-VL vision) and LayerNorm (Qwen2-VL
-//! vision, BERT-family encoders).
+//! Normalisations: RMSNorm (Qwen text decoders, Qwen2.5-VL vision), zero-centred RMSNorm
+//! (Qwen3.5: the weight is stored as an offset from one), the gated RMSNorm inside Gated
+//! DeltaNet, and LayerNorm (Qwen2-VL / Qwen3-VL vision, BERT-family encoders).
 
-use candle_core::{Module, Result, Tensor};
+use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::{LayerNorm, RmsNorm};
 
 use crate::weights::Weights;
@@ -9,6 +10,9 @@ use crate::weights::Weights;
 #[derive(Clone, Debug)]
 pub enum Norm {
     Rms(RmsNorm),
+    /// `x · rsqrt(mean(x²) + eps) · (1 + w)` in f32, cast back after the product (as
+    /// transformers' Qwen3_5RMSNorm). Holds `1 + w` in f32.
+    RmsOffset { scale: Tensor, eps: f64 },
     Layer(LayerNorm),
 }
 
@@ -16,16 +20,70 @@ impl Norm {
     pub fn rms(dim: usize, eps: f64, vb: Weights) -> Result<Self> {
         Ok(Norm::Rms(candle_nn::rms_norm(dim, eps, vb.vb().clone())?))
     }
+    /// Zero-centred RMSNorm: the checkpoint stores `w` with the scale `1 + w`.
+    pub fn rms_offset(dim: usize, eps: f64, vb: Weights) -> Result<Self> {
+        let w = vb.vb().get_with_hints(dim, "weight", candle_nn::Init::Const(0.0))?;
+        Ok(Norm::RmsOffset { scale: (w.to_dtype(DType::F32)? + 1.0)?, eps })
+    }
     pub fn layer(dim: usize, eps: f64, vb: Weights) -> Result<Self> {
         Ok(Norm::Layer(candle_nn::layer_norm(dim, eps, vb.vb().clone())?))
     }
+}
+
+/// `x · rsqrt(mean(x²) + eps)` over the last dim, in f32.
+fn rms_normalise(x: &Tensor, eps: f64) -> Result<Tensor> {
+    let x = x.to_dtype(DType::F32)?;
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(ms + eps)?.sqrt()?)
 }
 
 impl Module for Norm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Norm::Rms(n) => n.forward(x),
+            Norm::RmsOffset { scale, eps } => rms_normalise(x, *eps)?.broadcast_mul(scale)?.to_dtype(x.dtype()),
             Norm::Layer(n) => n.forward(x),
         }
+    }
+}
+
+/// Gated DeltaNet's output norm: RMSNorm (weight as is, applied in the input dtype) times
+/// `silu(gate)` in f32, as transformers' Qwen3_5RMSNormGated.
+#[derive(Clone, Debug)]
+pub struct GatedRmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl GatedRmsNorm {
+    pub fn new(dim: usize, eps: f64, vb: Weights) -> Result<Self> {
+        Ok(GatedRmsNorm { weight: vb.vb().get_with_hints(dim, "weight", candle_nn::Init::Const(1.0))?, eps })
+    }
+
+    /// `x, gate: [N, dim]`.
+    pub fn forward(&self, x: &Tensor, gate: &Tensor) -> Result<Tensor> {
+        let dt = x.dtype();
+        let h = rms_normalise(x, self.eps)?.to_dtype(dt)?.broadcast_mul(&self.weight.to_dtype(dt)?)?;
+        let g = candle_nn::ops::silu(&gate.to_dtype(DType::F32)?)?;
+        (h.to_dtype(DType::F32)? * g)?.to_dtype(dt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// A zero-centred norm with weight w equals a plain RMSNorm with weight 1 + w.
+    #[test]
+    fn offset_norm_is_rms_with_one_plus_w() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1., (3, 8), &dev)?;
+        let w = Tensor::randn(0f32, 0.1, 8, &dev)?;
+        let offset = Norm::RmsOffset { scale: (&w + 1.0)?, eps: 1e-6 };
+        let plain = candle_nn::RmsNorm::new((&w + 1.0)?, 1e-6);
+        let d = (offset.forward(&x)? - plain.forward(&x)?)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(d < 1e-5, "{d}");
+        Ok(())
     }
 }

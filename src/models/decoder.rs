@@ -1,7 +1,9 @@
 //! The Qwen text decoder every family here shares: Qwen2 (q/k/v biases), Qwen3 (per-head q/k
 //! RMSNorm, no biases, head_dim from the config), dense or sparse-MoE feed-forwards, sectioned
-//! or interleaved M-RoPE, and DeepStack (visual features added to the hidden states of the
-//! first layers). A family describes its decoder in a `DecoderConfig`; no family copies it.
+//! or interleaved M-RoPE, DeepStack (visual features added to the hidden states of the first
+//! layers), and Qwen3.5's hybrid of Gated DeltaNet and gated attention layers (zero-centred
+//! norms, partial rotary). A family describes its decoder in a `DecoderConfig`; no family
+//! copies it.
 //!
 //! Tensors are token-major and unbatched (`[T, hidden]`): the engine packs the tokens of many
 //! sequences into one step and lets the `StepCache` keep them apart.
@@ -10,8 +12,9 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Embedding;
 
 use super::cache::StepCache;
-use super::{Deepstack, Positions};
+use super::{Deepstack, LayerKind, Positions};
 use crate::layers::attention::{AttentionShape, SelfAttention};
+use crate::layers::delta_net::{DeltaNetShape, GatedDeltaNet};
 use crate::layers::moe::{MoeShape, SparseMoe};
 use crate::layers::{Act, Linear, Mlp, Norm, Rotary, RotaryLayout};
 use crate::weights::Weights;
@@ -26,20 +29,51 @@ pub struct DecoderConfig {
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
     pub rope: RotaryLayout,
+    /// Channels of a head that rotate (head_dim, or a share of it: Qwen3.5's 0.25).
+    pub rotary_dim: usize,
+    /// Zero-centred RMSNorms (`1 + w`, Qwen3.5) instead of plain ones.
+    pub norm_offset: bool,
     pub tie_word_embeddings: bool,
     /// Sparse feed-forwards, and which layers have one (the others stay dense).
     pub moe: Option<(MoeShape, Vec<bool>)>,
+    /// Gated DeltaNet mixers, and which layers have one (the others attend).
+    pub linear: Option<(DeltaNetShape, Vec<bool>)>,
 }
 
 impl DecoderConfig {
     pub fn hidden(&self) -> usize {
         self.attention.hidden
     }
+
+    fn is_linear(&self, layer: usize) -> Option<DeltaNetShape> {
+        self.linear.as_ref().filter(|(_, which)| which.get(layer).copied().unwrap_or(false)).map(|(s, _)| *s)
+    }
+
+    /// What each layer keeps between steps.
+    pub fn layer_kinds(&self) -> Vec<LayerKind> {
+        (0..self.num_layers)
+            .map(|i| match self.is_linear(i) {
+                Some(s) => {
+                    let (conv_shape, state_shape) = s.state_shapes();
+                    LayerKind::Recurrent { conv_shape, state_shape }
+                }
+                None => LayerKind::Attention,
+            })
+            .collect()
+    }
+
+    fn norm(&self, dim: usize, w: Weights) -> Result<Norm> {
+        match self.norm_offset {
+            true => Norm::rms_offset(dim, self.rms_norm_eps, w),
+            false => Norm::rms(dim, self.rms_norm_eps, w),
+        }
+    }
 }
 
 /// How a layer mixes tokens. Hybrid families add variants (and their `LayerKind`) beside it.
 enum Mixer {
     Attention(SelfAttention),
+    Linear(GatedDeltaNet),
 }
 
 enum Ffn {
@@ -76,14 +110,18 @@ impl Decoder {
                 Some((shape, sparse)) if sparse.get(i).copied().unwrap_or(false) => Ffn::Sparse(SparseMoe::new(*shape, lw.pp("mlp"))?),
                 _ => Ffn::Dense(Mlp::gated(h, cfg.intermediate_size, false, cfg.hidden_act, lw.pp("mlp"))?),
             };
+            let mixer = match cfg.is_linear(i) {
+                Some(s) => Mixer::Linear(GatedDeltaNet::new(s, cfg.rms_norm_eps, lw.pp("linear_attn"))?),
+                None => Mixer::Attention(SelfAttention::new(cfg.attention, lw.pp("self_attn"))?),
+            };
             layers.push(DecoderLayer {
-                mixer: Mixer::Attention(SelfAttention::new(cfg.attention, lw.pp("self_attn"))?),
+                mixer,
                 ffn,
-                input_norm: Norm::rms(h, cfg.rms_norm_eps, lw.pp("input_layernorm"))?,
-                post_attn_norm: Norm::rms(h, cfg.rms_norm_eps, lw.pp("post_attention_layernorm"))?,
+                input_norm: cfg.norm(h, lw.pp("input_layernorm"))?,
+                post_attn_norm: cfg.norm(h, lw.pp("post_attention_layernorm"))?,
             });
         }
-        let norm = Norm::rms(h, cfg.rms_norm_eps, w.pp("norm"))?;
+        let norm = cfg.norm(h, w.pp("norm"))?;
         let lm_head = if cfg.tie_word_embeddings {
             // A quantizing source gives the tied head its own quantized copy while the lookup
             // stays dense: the head is read whole every token, the lookup one row.
@@ -94,7 +132,7 @@ impl Decoder {
         } else {
             crate::layers::linear(h, cfg.vocab_size, false, root.pp("lm_head"))?
         };
-        let rope = Rotary::new(cfg.attention.head_dim, cfg.rope_theta, &cfg.rope);
+        let rope = Rotary::new(cfg.rotary_dim, cfg.rope_theta, &cfg.rope);
         Ok(Decoder { embed, layers, norm, lm_head, rope, cfg: cfg.clone() })
     }
 
@@ -130,6 +168,7 @@ impl Decoder {
             let h = layer.input_norm.forward(&x)?;
             let h = match &layer.mixer {
                 Mixer::Attention(a) => a.forward(&h, &self.rope, &cos, &sin, i, cache)?,
+                Mixer::Linear(l) => l.forward(&h, i, cache)?,
             };
             let x1 = (&x + h)?;
             let h = layer.post_attn_norm.forward(&x1)?;

@@ -8,6 +8,7 @@ pub mod decoder;
 pub mod media;
 pub mod position;
 pub mod qwen2_vl;
+pub mod qwen3_5;
 pub mod qwen3_vl;
 pub mod registry;
 

@@ -21,6 +21,7 @@ const FAMILIES: &[Family] = &[
     Family { model_type: "qwen2_5_vl", load: super::qwen2_vl::load_from_config, spec: super::qwen2_vl::spec_from_config },
     Family { model_type: "qwen3_vl", load: super::qwen3_vl::load_from_config, spec: super::qwen3_vl::spec_from_config },
     Family { model_type: "qwen3_vl_moe", load: super::qwen3_vl::load_from_config, spec: super::qwen3_vl::spec_from_config },
+    Family { model_type: "qwen3_5", load: super::qwen3_5::load_from_config, spec: super::qwen3_5::spec_from_config },
 ];
 
 pub fn supported_model_types() -> Vec<&'static str> {

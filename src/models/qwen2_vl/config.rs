@@ -77,14 +77,19 @@ impl TextConfig {
                 head_dim: self.head_dim(),
                 qkv_bias: true,
                 qk_norm_eps: None,
+                qk_norm_offset: false,
+                output_gate: false,
             },
             intermediate_size: self.intermediate_size,
             hidden_act: self.hidden_act,
             rms_norm_eps: self.rms_norm_eps,
             rope_theta: self.rope_theta,
             rope: RotaryLayout::Sectioned([s[0], s[1], s[2]]),
+            rotary_dim: self.head_dim(),
+            norm_offset: false,
             tie_word_embeddings: self.tie_word_embeddings,
             moe: None,
+            linear: None,
         }
     }
 }

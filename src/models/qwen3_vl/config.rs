@@ -36,6 +36,9 @@ pub struct TextConfig {
     pub tie_word_embeddings: bool,
     /// (t, h, w) shares of the rotary half-dimension, interleaved.
     pub mrope_section: Vec<usize>,
+    /// Share of each head that rotates (Qwen3.5: 0.25; Qwen3-VL: all of it).
+    #[serde(default = "one_f64")]
+    pub partial_rotary_factor: f64,
     // MoE (qwen3_vl_moe) fields.
     #[serde(default)]
     pub num_experts: usize,
@@ -74,6 +77,13 @@ pub struct VisionConfig {
     pub deepstack_visual_indexes: Vec<usize>,
 }
 
+impl TextConfig {
+    /// Channels of a head that rotate.
+    pub fn rotary_dim(&self) -> usize {
+        (self.head_dim as f64 * self.partial_rotary_factor) as usize
+    }
+}
+
 impl VisionConfig {
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_heads.max(1)
@@ -84,7 +94,9 @@ impl VisionConfig {
     }
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// A Qwen3-VL-style checkpoint: this folder's families, and Qwen3.5 (`models::qwen3_5`),
+/// which shares the vision tower, the token layout and this parser, with its own decoder.
+#[derive(Clone, Debug)]
 pub struct Config {
     pub model_type: String,
     pub text: TextConfig,
@@ -94,8 +106,12 @@ pub struct Config {
     pub vision_start_token_id: u32,
     pub vision_end_token_id: u32,
     pub eos_token_ids: Vec<u32>,
+    pub decoder: DecoderConfig,
 }
 
+fn one_f64() -> f64 {
+    1.0
+}
 fn default_head_dim() -> usize {
     128
 }
@@ -132,9 +148,15 @@ fn sixteen() -> usize {
 
 impl Config {
     pub fn from_value(root: &Value) -> Result<Self> {
+        Self::parse(root, &["qwen3_vl", "qwen3_vl_moe"], |cfg, _| Ok(cfg.qwen3_decoder()))
+    }
+
+    /// Parses a config of one of `types`; `decoder` builds the family's decoder from the
+    /// parsed parts and the merged text fields.
+    pub fn parse(root: &Value, types: &[&str], decoder: impl Fn(&Config, &Map<String, Value>) -> Result<DecoderConfig>) -> Result<Self> {
         let model_type = root.get("model_type").and_then(Value::as_str).context("missing \"model_type\"")?;
-        if !matches!(model_type, "qwen3_vl" | "qwen3_vl_moe") {
-            bail!("model_type {model_type:?} is not a Qwen3-VL config (qwen3_vl, qwen3_vl_moe)");
+        if !types.contains(&model_type) {
+            bail!("model_type {model_type:?} is not one of {}", types.join(", "));
         }
         let text_obj = text_fields(root)?;
         let text: TextConfig = serde_path_to_error::deserialize(Value::Object(text_obj.clone()))
@@ -155,7 +177,7 @@ impl Config {
             Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect(),
             _ => vec![],
         };
-        let cfg = Config {
+        let mut cfg = Config {
             model_type: model_type.to_string(),
             image_token_id: id("image_token_id")?,
             video_token_id: id("video_token_id")?,
@@ -164,8 +186,10 @@ impl Config {
             eos_token_ids,
             text,
             vision,
+            decoder: placeholder_decoder(),
         };
         cfg.validate()?;
+        cfg.decoder = decoder(&cfg, &text_obj)?;
         Ok(cfg)
     }
 
@@ -200,9 +224,12 @@ impl Config {
         if t.num_attention_heads % t.num_key_value_heads != 0 {
             bail!("text_config.num_attention_heads {} is not a multiple of num_key_value_heads {}", t.num_attention_heads, t.num_key_value_heads);
         }
-        let half = t.head_dim / 2;
+        let half = t.rotary_dim() / 2;
+        if t.rotary_dim() == 0 || t.rotary_dim() % 2 != 0 || t.rotary_dim() > t.head_dim {
+            bail!("text_config rotary width {} (head_dim {} × partial_rotary_factor {}) must be even and within the head", t.rotary_dim(), t.head_dim, t.partial_rotary_factor);
+        }
         if t.mrope_section.len() != 3 || t.mrope_section.iter().sum::<usize>() != half {
-            bail!("text_config rope mrope_section {:?} must have 3 parts summing to head_dim/2 = {half}", t.mrope_section);
+            bail!("text_config rope mrope_section {:?} must have 3 parts summing to the rotary half-width {half}", t.mrope_section);
         }
         if v.hidden_size % v.num_heads != 0 || v.head_dim() % 4 != 0 {
             bail!("vision_config.hidden_size {} / num_heads {} must give a head_dim divisible by 4", v.hidden_size, v.num_heads);
@@ -237,7 +264,7 @@ impl Config {
     /// The shared decoder: Qwen3 layers (q/k RMSNorm, no biases), interleaved M-RoPE, and for
     /// the MoE variant a sparse block on every `decoder_sparse_step`-th layer outside
     /// `mlp_only_layers`.
-    pub fn decoder(&self) -> DecoderConfig {
+    pub fn qwen3_decoder(&self) -> DecoderConfig {
         let t = &self.text;
         let s = &t.mrope_section;
         let moe = self.is_moe().then(|| {
@@ -266,20 +293,44 @@ impl Config {
                 head_dim: t.head_dim,
                 qkv_bias: t.attention_bias,
                 qk_norm_eps: Some(t.rms_norm_eps),
+                qk_norm_offset: false,
+                output_gate: false,
             },
             intermediate_size: t.intermediate_size,
             hidden_act: t.hidden_act,
             rms_norm_eps: t.rms_norm_eps,
             rope_theta: t.rope_theta,
             rope: RotaryLayout::Interleaved([s[0], s[1], s[2]]),
+            rotary_dim: t.rotary_dim(),
+            norm_offset: false,
             tie_word_embeddings: t.tie_word_embeddings,
             moe,
+            linear: None,
         }
     }
 }
 
-/// Text fields: the top level, overridden by `text_config`; the rotary section and theta
-/// lifted out of `rope_scaling` / `rope_parameters`.
+/// Filled in by `Config::parse` once the rest is validated.
+fn placeholder_decoder() -> DecoderConfig {
+    DecoderConfig {
+        vocab_size: 0,
+        num_layers: 0,
+        attention: AttentionShape { hidden: 0, heads: 0, kv_heads: 0, head_dim: 0, qkv_bias: false, qk_norm_eps: None, qk_norm_offset: false, output_gate: false },
+        intermediate_size: 0,
+        hidden_act: Act::Silu,
+        rms_norm_eps: 0.0,
+        rope_theta: 0.0,
+        rope: RotaryLayout::OneD,
+        rotary_dim: 0,
+        norm_offset: false,
+        tie_word_embeddings: false,
+        moe: None,
+        linear: None,
+    }
+}
+
+/// Text fields: the top level, overridden by `text_config`; the rotary section, theta and
+/// partial factor lifted out of `rope_scaling` / `rope_parameters`.
 fn text_fields(root: &Value) -> Result<Map<String, Value>> {
     let mut obj = root.as_object().context("config is not a JSON object")?.clone();
     obj.remove("vision_config");
@@ -291,8 +342,10 @@ fn text_fields(root: &Value) -> Result<Map<String, Value>> {
     let rope = obj.get("rope_parameters").or_else(|| obj.get("rope_scaling")).cloned();
     let section = rope.as_ref().and_then(|r| r.get("mrope_section")).cloned().unwrap_or_else(|| serde_json::json!([24, 20, 20]));
     obj.insert("mrope_section".into(), section);
-    if let Some(theta) = rope.as_ref().and_then(|r| r.get("rope_theta")).cloned() {
-        obj.entry("rope_theta").or_insert(theta);
+    for key in ["rope_theta", "partial_rotary_factor"] {
+        if let Some(v) = rope.as_ref().and_then(|r| r.get(key)).cloned() {
+            obj.entry(key).or_insert(v);
+        }
     }
     if let Some(false) = rope.as_ref().and_then(|r| r.get("mrope_interleaved")).and_then(Value::as_bool) {
         bail!("text_config rope mrope_interleaved is false: Qwen3-VL models use interleaved M-RoPE");
@@ -329,7 +382,7 @@ mod tests {
         assert!(c.text.tie_word_embeddings && !c.is_moe());
         assert_eq!(c.vision.pos_side(), 8);
         assert_eq!(c.eos_token_ids, vec![490]);
-        assert_eq!(c.decoder().rope, RotaryLayout::Interleaved([6, 5, 5]));
+        assert_eq!(c.decoder.rope, RotaryLayout::Interleaved([6, 5, 5]));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Qwen3-VL (dense) and Qwen3-VL-MoE: the Qwen3-VL vision tower with DeepStack, and the
 //! shared decoder in its Qwen3 form (q/k norm, interleaved M-RoPE, optional sparse experts).
+//! Qwen3.5 (`models::qwen3_5`) is this model with a hybrid decoder and no DeepStack.
 //! Videos are one placeholder run per temporal step, each after its time as text; positions
 //! are the shared M-RoPE index with every step its own item.
 
@@ -19,7 +20,7 @@ use super::cache::StepCache;
 use super::decoder::Decoder;
 use super::media::{cat_kind, placeholder_rows, splice_features};
 use super::position::{mrope_index, RopeParams, VideoTime};
-use super::{Deepstack, LayerKind, MediaGrid, Model, ModelSpec, Positions, PromptInputs, SpecialIds, VisionSpec};
+use super::{Deepstack, MediaGrid, Model, ModelSpec, Positions, PromptInputs, SpecialIds, VisionSpec};
 use crate::weights::Weights;
 
 pub struct Qwen3Vl {
@@ -43,7 +44,7 @@ impl Qwen3Vl {
     pub fn new(cfg: &Config, w: Weights) -> Result<Self> {
         let source = w.describe();
         let build = || -> Result<Self> {
-            let text = Decoder::new(&cfg.decoder(), w.pp("model").pp("language_model"), w.clone()).context("text decoder")?;
+            let text = Decoder::new(&cfg.decoder, w.pp("model").pp("language_model"), w.clone()).context("text decoder")?;
             let vision = VisionTower::new(&cfg.vision, w.pp("model").pp("visual")).context("vision tower")?;
             Ok(Qwen3Vl { cfg: cfg.clone(), text, vision, spec: spec_of(cfg) })
         };
@@ -65,11 +66,11 @@ impl Qwen3Vl {
     }
 }
 
-fn spec_of(cfg: &Config) -> ModelSpec {
+pub fn spec_of(cfg: &Config) -> ModelSpec {
     let t = &cfg.text;
     ModelSpec {
         model_type: cfg.model_type.clone(),
-        layers: vec![LayerKind::Attention; t.num_hidden_layers],
+        layers: cfg.decoder.layer_kinds(),
         num_kv_heads: t.num_key_value_heads,
         head_dim: t.head_dim,
         hidden_size: t.hidden_size,
