@@ -30,6 +30,10 @@ pub struct EngineArgs {
     max_num_seqs: usize,
     #[arg(long, default_value_t = 2048)]
     max_step_tokens: usize,
+    /// Hybrid models (Qwen3.5): bytes for recurrent states (one slot per running sequence;
+    /// as much again for prefix-cache snapshots), e.g. 2GiB. Default: a quarter of the KV pool.
+    #[arg(long)]
+    state_memory: Option<String>,
 }
 
 impl EngineArgs {
@@ -43,6 +47,10 @@ impl EngineArgs {
             scheduler: merg::engine::scheduler::SchedulerConfig {
                 max_num_seqs: self.max_num_seqs.max(1),
                 max_step_tokens: self.max_step_tokens.max(1),
+            },
+            state_memory: match &self.state_memory {
+                Some(m) => Some(merg::engine::parse_bytes(m).map_err(|e| anyhow::anyhow!("--state-memory: {e:#}"))?),
+                None => None,
             },
             ..Default::default()
         })

@@ -152,6 +152,31 @@ impl BlockManager {
     /// needed). None, with nothing changed, if the pool cannot supply the rest. An empty prompt
     /// gets an empty table.
     pub fn allocate(&mut self, tokens: &[u32], extra: &[u64]) -> Option<Allocation> {
+        self.allocate_capped(tokens, extra, usize::MAX)
+    }
+
+    /// Chain hashes of the leading blocks of `tokens` whose K/V the cache holds (at most
+    /// `(len-1)/bs`, as `allocate` would reuse).
+    pub fn cached_prefix(&self, tokens: &[u32], extra: &[u64]) -> Vec<u64> {
+        let mut out = vec![];
+        if !self.prefix_caching || tokens.is_empty() {
+            return out;
+        }
+        let mut prev = 0;
+        for i in 0..(tokens.len() - 1) / self.block_size {
+            let h = self.hashes_from(tokens, extra, i, i + 1, prev)[0];
+            if !self.cached.contains_key(&h) {
+                break;
+            }
+            out.push(h);
+            prev = h;
+        }
+        out
+    }
+
+    /// `allocate`, reusing at most `cap` cached blocks (a hybrid model can only resume where
+    /// it has a recurrent-state snapshot).
+    pub fn allocate_capped(&mut self, tokens: &[u32], extra: &[u64], cap: usize) -> Option<Allocation> {
         let bs = self.block_size;
         let len = tokens.len();
         if len == 0 {
@@ -163,7 +188,7 @@ impl BlockManager {
         let total = len.div_ceil(bs);
         let mut table = Vec::with_capacity(total);
         if self.prefix_caching {
-            let max_reuse = (len - 1) / bs;
+            let max_reuse = ((len - 1) / bs).min(cap);
             // Hash lazily: stop at the first miss instead of hashing the whole prompt.
             let mut prev = 0;
             for i in 0..max_reuse {

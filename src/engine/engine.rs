@@ -20,6 +20,7 @@ use super::vision_cache::{lock, VisionCache};
 use crate::checkpoint::Checkpoint;
 use crate::generate::{sample_step, FinishReason, NonFiniteLogits, Sampler, SamplingParams, TokenConstraint};
 use crate::models::{Deepstack, Model, PromptInputs, RecurrentState};
+use super::state_cache::StateCache;
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -31,6 +32,9 @@ pub struct EngineConfig {
     pub vision_cache_entries: usize,
     /// Context window (default: the model's).
     pub max_context: Option<usize>,
+    /// Hybrid models: bytes for live recurrent states (one slot per running sequence) and,
+    /// as much again, for prefix-cache snapshots. Default: a quarter of the KV pool's bytes.
+    pub state_memory: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +46,7 @@ impl Default for EngineConfig {
             scheduler: SchedulerConfig::default(),
             vision_cache_entries: 64,
             max_context: None,
+            state_memory: None,
         }
     }
 }
@@ -74,6 +79,10 @@ pub struct EngineStats {
     pub waiting: usize,
     /// Requests being prefilled or decoded.
     pub running: usize,
+    /// Most sequences running at once (hybrid models: the recurrent-state slots).
+    pub state_slots: usize,
+    /// Hybrid models with prefix caching: recurrent-state snapshots.
+    pub snapshots: Option<crate::engine::state_cache::SnapshotStats>,
 }
 
 /// What one step produced: every token sampled (in step order) and the requests that ended.
@@ -102,6 +111,8 @@ pub struct Engine {
     late_preprocessing: u64,
     /// Where the weights came from, for errors that implicate them.
     origin: String,
+    /// Hybrid models with prefix caching: recurrent-state snapshots.
+    states: Option<StateCache>,
 }
 
 impl Engine {
@@ -116,13 +127,16 @@ impl Engine {
         let preparer = RequestPreparer::new(ckpt.processor.clone(), vision_cache.clone(), ckpt.tokenizer_file(), max_context);
         // K/V blocks alone cannot restore a recurrent layer's state, so a hybrid model runs
         // without prefix caching until the cache also keeps state snapshots.
-        let prefix_caching = cfg.prefix_caching && !spec.has_recurrent_layers();
+        let (states, scheduler_cfg) = state_budget(&cfg, spec, n as u64 * crate::engine::kv_pool::bytes_per_block(spec, cfg.block_size, model.dtype()))?;
+        let prefix_caching = cfg.prefix_caching;
+        let states = states.filter(|_| prefix_caching);
         Ok(Engine {
             model,
             preparer,
             pool,
             bm: BlockManager::new(n, cfg.block_size, prefix_caching),
-            scheduler: Scheduler::new(cfg.scheduler.clone()),
+            scheduler: Scheduler::new(scheduler_cfg),
+            states,
             seqs: HashMap::new(),
             vision_cache,
             next_id: 0,
@@ -157,6 +171,8 @@ impl Engine {
             block_size: self.pool.block_size,
             waiting: self.scheduler.counts().0,
             running: self.scheduler.counts().1,
+            state_slots: self.scheduler.cfg.max_num_seqs,
+            snapshots: self.states.as_ref().map(|s| s.stats().clone()),
         }
     }
 
@@ -239,6 +255,7 @@ impl Engine {
             true => vec![RecurrentState::default(); self.model.spec().layers.len()],
             false => vec![],
         };
+        let snap_hint = ids_after_last_media(&ids, self.model.spec());
         let seq = Sequence {
             id,
             prompt_len: ids.len(),
@@ -251,6 +268,8 @@ impl Engine {
             num_computed: 0,
             table: vec![],
             recurrent,
+            snap_hint,
+            snap_at: vec![],
             status: Status::Waiting,
             sampler: Sampler::new(sampling.clone()),
             params: sampling,
@@ -274,7 +293,7 @@ impl Engine {
     }
 
     fn step_inner(&mut self) -> anyhow::Result<StepOutput> {
-        let (chunks, overflow) = self.scheduler.schedule(&mut self.seqs, &mut self.bm);
+        let (chunks, overflow) = self.scheduler.schedule(&mut self.seqs, &mut self.bm, self.states.as_mut());
         let mut out = StepOutput::default();
         for id in overflow {
             // Too large for the pool even alone: end it with what it has.
@@ -339,6 +358,11 @@ impl Engine {
             s.num_computed += c.len;
             let extra = s.extra_keys();
             self.bm.commit(&s.table, &s.tokens, &extra, s.num_computed);
+            if let Some(st) = self.states.as_mut().filter(|_| s.snap_at.contains(&s.num_computed)) {
+                if let Some(&key) = self.bm.block_hashes(&s.tokens[..s.num_computed], &extra).last() {
+                    st.insert(key, &s.recurrent);
+                }
+            }
         }
         if !rows.is_empty() {
             let idx = Tensor::new(rows.as_slice(), &dev)?;
@@ -442,6 +466,46 @@ fn sample_next(s: &mut Sequence, logits: &Tensor, vocab: usize) -> anyhow::Resul
     s.logprobs.push(lp);
     s.finish = finish;
     Ok((tok, lp, finish.is_some()))
+}
+
+/// Token count after the last vision-end token of a prompt (the end of the media a prompt
+/// shares with its siblings), if it has media.
+fn ids_after_last_media(ids: &[u32], spec: &crate::models::ModelSpec) -> Option<usize> {
+    spec.has_recurrent_layers().then_some(())?;
+    ids.iter().rposition(|&t| t == spec.special.vision_end).map(|i| i + 1)
+}
+
+/// Bytes one sequence's recurrent states take (f32).
+pub fn state_bytes_per_seq(spec: &crate::models::ModelSpec) -> u64 {
+    spec.layers
+        .iter()
+        .map(|k| match k {
+            crate::models::LayerKind::Recurrent { conv_shape, state_shape } => (conv_shape.iter().product::<usize>() + state_shape.iter().product::<usize>()) as u64 * 4,
+            crate::models::LayerKind::Attention => 0,
+        })
+        .sum()
+}
+
+/// Hybrid models: the snapshot cache and the scheduler limited to the state slots that fit.
+fn state_budget(cfg: &EngineConfig, spec: &crate::models::ModelSpec, kv_bytes: u64) -> anyhow::Result<(Option<StateCache>, crate::engine::SchedulerConfig)> {
+    let mut sched = cfg.scheduler.clone();
+    if !spec.has_recurrent_layers() {
+        return Ok((None, sched));
+    }
+    let per = state_bytes_per_seq(spec).max(1);
+    let mem = cfg.state_memory.unwrap_or(kv_bytes / 4);
+    let slots = (mem / per) as usize;
+    if slots == 0 {
+        anyhow::bail!("state memory of {mem} bytes holds no sequence's recurrent state ({per} bytes each)");
+    }
+    sched.max_num_seqs = sched.max_num_seqs.min(slots);
+    tracing::info!(
+        "recurrent state: {slots} slots of {:.1} MiB ({:.1} MiB), as much again for prefix-cache snapshots; {} running sequences at most",
+        per as f64 / 1048576.0,
+        mem as f64 / 1048576.0,
+        sched.max_num_seqs
+    );
+    Ok((Some(StateCache::new(mem)), sched))
 }
 
 /// Per-token extra keys: the content hash of the media item each placeholder token stands

@@ -30,6 +30,22 @@ pub enum KvMemory {
     Blocks(usize),
 }
 
+/// `"4GiB"`-style sizes; `None` when `t` has no unit.
+fn with_unit(t: &str) -> Option<Result<u64>> {
+    let units = [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("GB", 1_000_000_000), ("MB", 1_000_000), ("B", 1)];
+    let (n, mul) = units.iter().find_map(|(u, m)| t.strip_suffix(u).map(|n| (n, *m)))?;
+    Some(n.trim().parse::<f64>().ok().filter(|v| *v >= 0.0 && v.is_finite()).map(|v| (v * mul as f64) as u64).context("not a number"))
+}
+
+/// A byte count: `4GiB`, `512MiB`, `1000000`.
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    match with_unit(t) {
+        Some(b) => b.with_context(|| format!("{s:?} is not a size like 2GiB")),
+        None => t.parse::<u64>().with_context(|| format!("{s:?} is not a size like 2GiB")),
+    }
+}
+
 impl std::str::FromStr for KvMemory {
     type Err = anyhow::Error;
     /// "0.5" (fraction), "4GiB", "512MiB", "1000000" (bytes), "blocks:64".
@@ -38,12 +54,8 @@ impl std::str::FromStr for KvMemory {
         if let Some(n) = t.strip_prefix("blocks:") {
             return Ok(KvMemory::Blocks(n.parse().with_context(|| format!("KV memory {s:?}: bad block count"))?));
         }
-        let units = [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("GB", 1_000_000_000), ("MB", 1_000_000), ("B", 1)];
-        for (u, mul) in units {
-            if let Some(n) = t.strip_suffix(u) {
-                let v: f64 = n.trim().parse().with_context(|| format!("KV memory {s:?}: bad number"))?;
-                return Ok(KvMemory::Bytes((v * mul as f64) as u64));
-            }
+        if let Some(b) = with_unit(t) {
+            return Ok(KvMemory::Bytes(b.with_context(|| format!("KV memory {s:?}: bad number"))?));
         }
         let v: f64 = t.parse().with_context(|| format!("KV memory {s:?}: use a fraction like 0.5, bytes like 4GiB, or blocks:N"))?;
         if v > 0.0 && v <= 1.0 {

@@ -23,12 +23,13 @@ pub mod kv_pool;
 pub mod paged_attention;
 pub mod request;
 pub mod scheduler;
+pub mod state_cache;
 pub mod sequence;
 pub mod vision_cache;
 
 pub use engine::{Completion, Engine, EngineConfig, EngineStats, StepOutput};
 pub use error::{EngineError, EngineResult};
 pub use handle::{EngineHandle, EngineThread, Event, RequestId, RequestStream, StreamEnded};
-pub use kv_pool::KvMemory;
+pub use kv_pool::{parse_bytes, KvMemory};
 pub use request::{ChatRequest, PreparedRequest, RequestPreparer};
 pub use scheduler::SchedulerConfig;

@@ -6,6 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::block_manager::BlockManager;
+use super::state_cache::StateCache;
 use super::sequence::{SeqId, Sequence, Status};
 
 #[derive(Clone, Debug)]
@@ -61,7 +62,7 @@ impl Scheduler {
 
     /// Picks this step's work. Sequences that cannot fit even alone in the pool are returned
     /// in `overflow` so the engine can finish them instead of looping.
-    pub fn schedule(&mut self, seqs: &mut HashMap<SeqId, Sequence>, bm: &mut BlockManager) -> (Vec<Chunk>, Vec<SeqId>) {
+    pub fn schedule(&mut self, seqs: &mut HashMap<SeqId, Sequence>, bm: &mut BlockManager, mut states: Option<&mut StateCache>) -> (Vec<Chunk>, Vec<SeqId>) {
         let mut chunks = vec![];
         let mut overflow = vec![];
         let mut budget = self.cfg.max_step_tokens;
@@ -70,7 +71,7 @@ impl Scheduler {
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
             let seq = seqs.get_mut(&id).expect("running sequence exists");
-            let n = seq.pending().min(budget);
+            let n = seq.next_chunk(budget);
             let target = seq.num_computed + n;
             if bm.grow(&mut seq.table, target) {
                 chunks.push(Chunk { seq: id, len: n });
@@ -96,7 +97,16 @@ impl Scheduler {
             let Some(&id) = self.waiting.front() else { break };
             let seq = seqs.get_mut(&id).expect("waiting sequence exists");
             let extra = seq.extra_keys();
-            let Some(alloc) = bm.allocate(&seq.tokens, &extra) else {
+            // Hybrid models resume only where a recurrent-state snapshot exists.
+            let (cached, resume) = match states.as_deref() {
+                Some(st) => {
+                    let cached = bm.cached_prefix(&seq.tokens, &extra);
+                    let k = (1..=cached.len()).rev().find(|&k| st.contains(cached[k - 1])).unwrap_or(0);
+                    (cached, k)
+                }
+                None => (vec![], usize::MAX),
+            };
+            let Some(alloc) = bm.allocate_capped(&seq.tokens, &extra, resume) else {
                 if self.running.is_empty() && chunks.is_empty() {
                     // Nothing else holds blocks: this sequence can never fit.
                     self.waiting.pop_front();
@@ -108,12 +118,20 @@ impl Scheduler {
             self.waiting.pop_front();
             seq.table = alloc.table;
             seq.num_computed = alloc.num_cached_tokens;
+            if let Some(st) = states.as_deref_mut() {
+                let bs = bm.block_size();
+                let k = seq.num_computed / bs;
+                if k > 0 {
+                    seq.recurrent = st.get(cached[k - 1]).expect("snapshot checked above");
+                }
+                seq.snap_at = snapshot_points(seq, cached.len(), bs);
+            }
             if !seq.admitted_once {
                 seq.cached_tokens = alloc.num_cached_tokens;
                 seq.admitted_once = true;
             }
             seq.status = Status::Running;
-            let n = seq.pending().min(budget);
+            let n = seq.next_chunk(budget);
             chunks.push(Chunk { seq: id, len: n });
             budget -= n;
             self.running.push(id);
@@ -134,4 +152,21 @@ impl Scheduler {
         self.running.retain(|&s| s != id);
         self.waiting.push_front(id);
     }
+}
+
+/// Where a hybrid sequence's recurrent state is worth keeping: the end of the shared prefix
+/// the pipeline's prompts have (after the last media item), the block where this prompt
+/// parts from what the cache already holds (`matched` blocks: the next request sharing them
+/// starts there), and the prompt's last full block (an exact repeat). Block boundaries past
+/// what is already computed, ascending.
+fn snapshot_points(seq: &Sequence, matched: usize, bs: usize) -> Vec<usize> {
+    let last = (seq.prompt_len.saturating_sub(1) / bs) * bs;
+    let mut p: Vec<usize> = [seq.snap_hint.map(|h| h / bs * bs), Some(matched * bs), Some(last)]
+        .into_iter()
+        .flatten()
+        .filter(|&x| x > seq.num_computed && x <= last)
+        .collect();
+    p.sort_unstable();
+    p.dedup();
+    p
 }

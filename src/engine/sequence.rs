@@ -36,6 +36,12 @@ pub struct Sequence {
     pub table: Vec<BlockId>,
     /// One per model layer; only recurrent layers use theirs. Reset on preemption.
     pub recurrent: Vec<RecurrentState>,
+    /// Hybrid models: where this prompt likely branches from others (after its last media
+    /// item), so its recurrent state is worth a snapshot there.
+    pub snap_hint: Option<usize>,
+    /// Hybrid models: token counts (block boundaries, ascending) after which the recurrent
+    /// state is snapshotted; prefill chunks end exactly there. Set at admission.
+    pub snap_at: Vec<usize>,
     pub status: Status,
     pub params: SamplingParams,
     pub sampler: Sampler,
@@ -58,6 +64,16 @@ impl Sequence {
     /// Tokens still to compute before the next sample.
     pub fn pending(&self) -> usize {
         self.tokens.len() - self.num_computed
+    }
+
+    /// Tokens to compute in the next chunk, at most `budget`, stopping at the next snapshot
+    /// point so the state there can be kept.
+    pub fn next_chunk(&self, budget: usize) -> usize {
+        let n = self.pending().min(budget);
+        match self.snap_at.iter().find(|&&p| p > self.num_computed) {
+            Some(&p) => n.min(p - self.num_computed),
+            None => n,
+        }
     }
 
     /// Extra keys for all current tokens (generated tokens are text: 0).
