@@ -19,7 +19,7 @@ enum Cmd {
     /// Answer one chat prompt (text plus optional images / a video).
     Generate(Box<cli::generate::GenerateArgs>),
     /// Print what a checkpoint is (family, sizes, files) without running it.
-    Info(cli::ModelArgs),
+    Info(cli::info::InfoArgs),
     /// Decode throughput on a checkpoint or on dummy weights of a config (fixed token budgets).
     Bench(cli::bench::BenchArgs),
     /// The five-agent workload on the paged engine, prefix cache on vs off, in one run.

@@ -120,3 +120,31 @@ fn dummy_weights_run_a_forward() {
     assert_eq!(g.tokens.len(), 4);
     assert!(g.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));
 }
+
+/// Parameter counts from the config alone equal the tensors in the checkpoint, for every
+/// family (the planner and `merg info` rely on them).
+#[test]
+fn param_counts_from_config_equal_the_checkpoint() {
+    for family in ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5"] {
+        let dir = common::tiny_dir(family);
+        if !dir.exists() {
+            continue;
+        }
+        let cfg = merg::models::registry::read_config(&dir.join("config.json")).unwrap();
+        let counts = merg::models::param_counts(&cfg).unwrap();
+        let mut in_files = 0u64;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "safetensors") {
+                let bytes = std::fs::read(&p).unwrap();
+                let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+                for (name, t) in st.tensors() {
+                    if !name.starts_with("mtp.") {
+                        in_files += t.shape().iter().product::<usize>() as u64;
+                    }
+                }
+            }
+        }
+        assert_eq!(counts.total(), in_files, "{family}: {counts:?}");
+    }
+}

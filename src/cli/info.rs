@@ -1,21 +1,59 @@
-//! `merg info`: what a checkpoint is (family, sizes, files), without loading its weights.
+//! `merg info`: what a checkpoint is (family, sizes, parameters, files), from its config
+//! alone — a checkpoint directory / repo, or a bare config.json (`models/*.json`).
 
-use anyhow::Result;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
 
 use merg::models::registry;
 
-use super::ModelArgs;
+#[derive(Args)]
+pub struct InfoArgs {
+    /// Hugging Face repo id or a local checkpoint directory.
+    #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+    model: Option<String>,
+    #[arg(long)]
+    revision: Option<String>,
+    /// A config.json alone (e.g. models/qwen3-vl-8b-instruct.json).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
 
-pub fn cmd_info(a: ModelArgs) -> Result<()> {
-    let files = merg::hub::resolve(&a.model, a.revision.as_deref())?;
-    let config = registry::read_config(&files.config)?;
-    let spec = registry::spec(&config).map_err(|e| anyhow::anyhow!("{}: {e:#}", files.config.display()))?;
-    let shards = merg::weights::index_shards(&files.weights)?;
-    println!("model:     {}", files.source);
-    println!("dir:       {}", files.dir.display());
+/// Billions, one decimal below 10.
+pub fn billions(n: u64) -> String {
+    let b = n as f64 / 1e9;
+    if b < 10.0 {
+        format!("{b:.2}B")
+    } else {
+        format!("{b:.1}B")
+    }
+}
+
+pub fn cmd_info(a: InfoArgs) -> Result<()> {
+    let (config_path, files) = match (&a.model, &a.config) {
+        (_, Some(c)) => (c.clone(), None),
+        (Some(m), None) => {
+            let f = merg::hub::resolve(m, a.revision.as_deref())?;
+            (f.config.clone(), Some(f))
+        }
+        (None, None) => anyhow::bail!("give --model or --config"),
+    };
+    let config = registry::read_config(&config_path)?;
+    let with_path = |e: anyhow::Error| anyhow::anyhow!("{}: {e:#}", config_path.display());
+    let spec = registry::spec(&config).map_err(with_path)?;
+    let params = registry::param_counts(&config).map_err(with_path)?;
+    match &files {
+        Some(f) => {
+            println!("model:     {}", f.source);
+            println!("dir:       {}", f.dir.display());
+        }
+        None => println!("config:    {}", config_path.display()),
+    }
     println!("family:    {}", spec.model_type);
+    let recurrent = spec.layers.len() - spec.num_attention_layers();
     println!(
-        "text:      {} layers ({} attention), hidden {}, head_dim {}, {} kv heads, vocab {}, context {}",
+        "text:      {} layers ({} attention, {recurrent} linear attention), hidden {}, head_dim {}, {} kv heads, vocab {}, context {}",
         spec.layers.len(),
         spec.num_attention_layers(),
         spec.hidden_size,
@@ -27,6 +65,16 @@ pub fn cmd_info(a: ModelArgs) -> Result<()> {
     if let Some(v) = &spec.vision {
         println!("vision:    patch {}, merge {}, temporal patch {}", v.patch_size, v.spatial_merge_size, v.temporal_patch_size);
     }
-    println!("weights:   {} tensors in {} file(s)", shards.len(), files.weights.len());
+    println!(
+        "params:    {} total = text {} + vision {}; {} active per token",
+        billions(params.total()),
+        billions(params.text_linear + params.text_other),
+        billions(params.vision),
+        billions(params.text_active + params.vision)
+    );
+    if let Some(f) = &files {
+        let shards = merg::weights::index_shards(&f.weights).context("reading the weight files")?;
+        println!("weights:   {} tensors in {} file(s)", shards.len(), f.weights.len());
+    }
     Ok(())
 }

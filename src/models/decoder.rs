@@ -62,6 +62,55 @@ impl DecoderConfig {
             .collect()
     }
 
+    /// Parameters (linear-layer weights, everything else): the split a quantizer cares about
+    /// (embeddings, norms, biases and recurrent parameters stay dense).
+    pub fn num_params(&self) -> (u64, u64) {
+        let a = &self.attention;
+        let (h, v) = (a.hidden as u64, self.vocab_size as u64);
+        let (mut linear, mut other) = (0u64, v * h + h);
+        if !self.tie_word_embeddings {
+            linear += v * h;
+        }
+        let (q, kv) = ((a.heads * a.head_dim) as u64, (a.kv_heads * a.head_dim) as u64);
+        for i in 0..self.num_layers {
+            other += 2 * h;
+            match self.is_linear(i) {
+                Some(s) => {
+                    let (cd, vd, hv) = (s.conv_dim() as u64, s.value_dim() as u64, s.dims.v_heads as u64);
+                    linear += h * cd + h * vd + 2 * h * hv + vd * h;
+                    other += cd * s.conv_kernel as u64 + 2 * hv + s.dims.dv as u64;
+                }
+                None => {
+                    let gate = if a.output_gate { 2 } else { 1 };
+                    linear += h * q * gate + 2 * h * kv + q * h;
+                    if a.qkv_bias {
+                        other += q + 2 * kv;
+                    }
+                    if a.qk_norm_eps.is_some() {
+                        other += 2 * a.head_dim as u64;
+                    }
+                }
+            }
+            match &self.moe {
+                Some((m, sparse)) if sparse.get(i).copied().unwrap_or(false) => {
+                    linear += h * m.num_experts as u64 + 3 * h * (m.expert_width * m.num_experts) as u64;
+                }
+                _ => linear += 3 * h * self.intermediate_size as u64,
+            }
+        }
+        (linear, other)
+    }
+
+    /// Parameters one token runs through (MoE: only its top-k experts).
+    pub fn active_params(&self) -> u64 {
+        let (l, o) = self.num_params();
+        let idle: u64 = match &self.moe {
+            Some((m, sparse)) => sparse.iter().filter(|s| **s).count() as u64 * 3 * (m.hidden * m.expert_width * (m.num_experts - m.top_k)) as u64,
+            None => 0,
+        };
+        l + o - idle
+    }
+
     fn norm(&self, dim: usize, w: Weights) -> Result<Norm> {
         match self.norm_offset {
             true => Norm::rms_offset(dim, self.rms_norm_eps, w),

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 pub use cache::{DenseCache, RecurrentState, StepCache};
 pub use media::Deepstack;
-pub use registry::{load, supported_model_types};
+pub use registry::{load, param_counts, supported_model_types};
 
 /// 3-D (t, h, w) position ids, one vector per component; text-only models repeat one vector.
 pub type Positions = [Vec<i64>; 3];
@@ -89,6 +89,31 @@ impl ModelSpec {
     /// Layers with recurrent state (the prefix cache cannot restore them from K/V blocks).
     pub fn has_recurrent_layers(&self) -> bool {
         self.layers.iter().any(|k| matches!(k, LayerKind::Recurrent { .. }))
+    }
+}
+
+/// Parameter counts of a model, from its config alone.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct ParamCounts {
+    /// Decoder linear-layer weights (what in-situ quantization quantizes).
+    pub text_linear: u64,
+    /// Decoder embeddings, norms, biases and recurrent parameters.
+    pub text_other: u64,
+    pub vision: u64,
+    /// Decoder parameters one token runs through (MoE: its top-k experts only).
+    pub text_active: u64,
+    /// Whether the output head is the embedding matrix.
+    pub tied_head: bool,
+}
+
+impl ParamCounts {
+    pub fn total(&self) -> u64 {
+        self.text_linear + self.text_other + self.vision
+    }
+
+    fn of(decoder: &decoder::DecoderConfig, vision: u64) -> Self {
+        let (text_linear, text_other) = decoder.num_params();
+        ParamCounts { text_linear, text_other, vision, text_active: decoder.active_params(), tied_head: decoder.tie_word_embeddings }
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use super::{Model, ModelSpec};
+use super::{Model, ModelSpec, ParamCounts};
 use crate::weights::Weights;
 
 /// One registered family: its loader, and its spec from config alone (no weights read).
@@ -14,14 +14,15 @@ struct Family {
     model_type: &'static str,
     load: fn(&Value, Weights) -> Result<Arc<dyn Model>>,
     spec: fn(&Value) -> Result<ModelSpec>,
+    params: fn(&Value) -> Result<ParamCounts>,
 }
 
 const FAMILIES: &[Family] = &[
-    Family { model_type: "qwen2_vl", load: super::qwen2_vl::load_from_config, spec: super::qwen2_vl::spec_from_config },
-    Family { model_type: "qwen2_5_vl", load: super::qwen2_vl::load_from_config, spec: super::qwen2_vl::spec_from_config },
-    Family { model_type: "qwen3_vl", load: super::qwen3_vl::load_from_config, spec: super::qwen3_vl::spec_from_config },
-    Family { model_type: "qwen3_vl_moe", load: super::qwen3_vl::load_from_config, spec: super::qwen3_vl::spec_from_config },
-    Family { model_type: "qwen3_5", load: super::qwen3_5::load_from_config, spec: super::qwen3_5::spec_from_config },
+    Family { model_type: "qwen2_vl", load: super::qwen2_vl::load_from_config, spec: super::qwen2_vl::spec_from_config, params: super::qwen2_vl::params_from_config },
+    Family { model_type: "qwen2_5_vl", load: super::qwen2_vl::load_from_config, spec: super::qwen2_vl::spec_from_config, params: super::qwen2_vl::params_from_config },
+    Family { model_type: "qwen3_vl", load: super::qwen3_vl::load_from_config, spec: super::qwen3_vl::spec_from_config, params: super::qwen3_vl::params_from_config },
+    Family { model_type: "qwen3_vl_moe", load: super::qwen3_vl::load_from_config, spec: super::qwen3_vl::spec_from_config, params: super::qwen3_vl::params_from_config },
+    Family { model_type: "qwen3_5", load: super::qwen3_5::load_from_config, spec: super::qwen3_5::spec_from_config, params: super::qwen3_5::params_from_config },
 ];
 
 pub fn supported_model_types() -> Vec<&'static str> {
@@ -49,6 +50,11 @@ pub fn load(config: &Value, weights: Weights) -> Result<Arc<dyn Model>> {
 /// What the engine would see of the model, from its config alone.
 pub fn spec(config: &Value) -> Result<ModelSpec> {
     (family(config)?.spec)(config)
+}
+
+/// Parameter counts from a config alone (no weights read).
+pub fn param_counts(config: &Value) -> Result<ParamCounts> {
+    (family(config)?.params)(config)
 }
 
 /// Reads and parses a config.json file.

@@ -17,6 +17,7 @@ pub fn tiny_dir(family: &str) -> PathBuf {
         "qwen2_5_vl" => "tiny-qwen2_5-vl",
         "qwen3_vl" => "tiny-qwen3-vl",
         "qwen3_vl_moe" => "tiny-qwen3-vl-moe",
+        "qwen3_5" => "tiny-qwen3_5",
         other => panic!("unknown family {other}"),
     })
 }

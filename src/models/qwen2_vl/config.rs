@@ -121,6 +121,20 @@ impl VisionConfig {
     pub fn head_dim(&self) -> usize {
         self.width / self.num_heads
     }
+    /// Parameters of the tower: patch embedding (no bias), blocks (norms, qkv, proj, MLP) and
+    /// the merger, per variant (LayerNorm + plain MLP, or RMSNorm + gated MLP).
+    pub fn num_params(&self, variant: Variant) -> u64 {
+        let (w, i) = (self.width as u64, self.mlp_width as u64);
+        let m = w * (self.spatial_merge_size * self.spatial_merge_size) as u64;
+        let (norm, mlp) = match variant {
+            Variant::Qwen2Vl => (2 * w, (w * i + i) + (i * w + w)),
+            Variant::Qwen25Vl => (w, 3 * w * i + 2 * i + w),
+        };
+        let block = 2 * norm + (3 * w * w + 3 * w) + (w * w + w) + mlp;
+        let merger = norm + (m * m + m) + (m * self.out_hidden_size as u64 + self.out_hidden_size as u64);
+        w * self.patch_dim() as u64 + self.depth as u64 * block + merger
+    }
+
     /// Values in one flattened patch: channels × temporal patch × patch × patch.
     pub fn patch_dim(&self) -> usize {
         self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size

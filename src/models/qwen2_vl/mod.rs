@@ -47,6 +47,12 @@ pub fn load_from_config(config: &Value, weights: Weights) -> Result<Arc<dyn Mode
     Ok(Arc::new(QwenVl::new(&cfg, weights)?))
 }
 
+/// The registry's parameter counter.
+pub fn params_from_config(config: &Value) -> Result<super::ParamCounts> {
+    let cfg = Config::from_value(config)?;
+    Ok(super::ParamCounts::of(&cfg.text.decoder(), cfg.vision.num_params(cfg.variant)))
+}
+
 /// The registry's spec reader.
 pub fn spec_from_config(config: &Value) -> Result<ModelSpec> {
     Ok(spec_of(&Config::from_value(config)?))

@@ -21,6 +21,13 @@ pub fn load_from_config(config: &Value, weights: Weights) -> Result<Arc<dyn Mode
     Ok(Arc::new(Qwen3Vl::new(&config::from_value(config)?, weights)?))
 }
 
+/// The registry's parameter counter (the `mtp.*` weights are not counted: merg never loads
+/// them).
+pub fn params_from_config(config: &Value) -> Result<super::ParamCounts> {
+    let cfg = config::from_value(config)?;
+    Ok(super::ParamCounts::of(&cfg.decoder, cfg.vision.num_params()))
+}
+
 /// The registry's spec reader.
 pub fn spec_from_config(config: &Value) -> Result<ModelSpec> {
     Ok(spec_of(&config::from_value(config)?))

@@ -88,6 +88,17 @@ impl VisionConfig {
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_heads.max(1)
     }
+    /// Parameters of the tower: patch embedding (with bias), learned positions, blocks
+    /// (LayerNorms, qkv, proj, MLP, all with biases), the merger and the DeepStack mergers.
+    pub fn num_params(&self) -> u64 {
+        let (w, i) = (self.hidden_size as u64, self.intermediate_size as u64);
+        let m = w * (self.spatial_merge_size * self.spatial_merge_size) as u64;
+        let patch = (self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size) as u64;
+        let block = 4 * w + (3 * w * w + 3 * w) + (w * w + w) + (w * i + i) + (i * w + w);
+        let merger = |norm: u64| 2 * norm + (m * m + m) + (m * self.out_hidden_size as u64 + self.out_hidden_size as u64);
+        (w * patch + w) + self.num_position_embeddings as u64 * w + self.depth as u64 * block + merger(w) + self.deepstack_visual_indexes.len() as u64 * merger(m)
+    }
+
     /// Side of the learned position grid.
     pub fn pos_side(&self) -> usize {
         (self.num_position_embeddings as f64).sqrt() as usize

@@ -35,6 +35,12 @@ pub fn load_from_config(config: &Value, weights: Weights) -> Result<Arc<dyn Mode
     Ok(Arc::new(Qwen3Vl::new(&Config::from_value(config)?, weights)?))
 }
 
+/// The registry's parameter counter.
+pub fn params_from_config(config: &Value) -> Result<super::ParamCounts> {
+    let cfg = Config::from_value(config)?;
+    Ok(super::ParamCounts::of(&cfg.decoder, cfg.vision.num_params()))
+}
+
 /// The registry's spec reader.
 pub fn spec_from_config(config: &Value) -> Result<ModelSpec> {
     Ok(spec_of(&Config::from_value(config)?))
