@@ -57,6 +57,7 @@ pub mod layers;
 pub mod metrics;
 pub mod models;
 pub mod pipeline;
+pub mod plan;
 pub mod processor;
 pub mod report;
 pub mod serve;

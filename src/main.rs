@@ -20,6 +20,8 @@ enum Cmd {
     Generate(Box<cli::generate::GenerateArgs>),
     /// Print what a checkpoint is (family, sizes, files) without running it.
     Info(cli::info::InfoArgs),
+    /// Memory plan from a config: weights, K/V per token, state per sequence, what fits.
+    Plan(cli::plan::PlanArgs),
     /// Decode throughput on a checkpoint or on dummy weights of a config (fixed token budgets).
     Bench(cli::bench::BenchArgs),
     /// The five-agent workload on the paged engine, prefix cache on vs off, in one run.
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Generate(a) => cli::generate::cmd_generate(*a),
         Cmd::Info(a) => cli::info::cmd_info(a),
+        Cmd::Plan(a) => cli::plan::cmd_plan(a),
         Cmd::Bench(a) => cli::bench::cmd_bench(a),
         Cmd::BenchAgents(a) => cli::bench::cmd_bench_agents(a),
         Cmd::Respond(a) => cli::respond::cmd_respond(a),

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod eval;
 pub mod generate;
 pub mod info;
+pub mod plan;
 pub mod report;
 pub mod respond;
 pub mod serve;
