@@ -105,7 +105,9 @@ fn shipped_model_configs_parse() {
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "json") {
-            ModelConfig::from_file(&p).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+            let cfg = merg::models::registry::read_config(&p).unwrap();
+            merg::models::registry::spec(&cfg).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+            merg::models::param_counts(&cfg).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
             n += 1;
         }
     }
