@@ -3,7 +3,8 @@
 
 Writes (all deterministic):
     tests/fixtures/media/            img_a.png img_b.png img_small.png img_tall.png vid_0..3.png clip.mp4
-    tests/fixtures/goldens/{qwen2_vl,qwen2_5_vl,qwen3_vl,qwen3_vl_moe}/{text,image,two_images,video}.{safetensors,json}
+    tests/fixtures/goldens/{qwen2_vl,qwen2_5_vl,qwen3_vl,qwen3_vl_moe,qwen3_5}/{text,image,two_images,video}.{safetensors,json}
+    tests/fixtures/goldens/qwen3_5/delta_rule.{safetensors,json}   (Gated DeltaNet kernels + cache states)
     tests/fixtures/goldens/preprocess/{img_a,img_b,img_small,img_tall,video}.safetensors + index.json
     tests/fixtures/goldens/qwen2_tokenizer_chat.json   (real Qwen2 vocabulary, ids only)
 (the preprocess and tokenizer goldens belong to the Qwen2-VL checkpoint: written only when qwen2_vl or
@@ -13,12 +14,20 @@ Qwen3-VL goldens additionally hold `logits_without_deepstack` for the image case
 DeepStack additions disabled) and, in the json, `deepstack_check`, `expanded_prompt_text` (decoded input_ids) and,
 for the video case, the frame timestamps the processor wrote into the prompt.
 
+Qwen3.5 (transformers 5, /root/golden-venv-5) goldens are rendered with enable_thinking=False, reuse the committed
+media (not rewritten) and add, besides the same tensors as Qwen3-VL, a cached prefill + one decode step checked against
+the no-cache forward, and delta_rule.{safetensors,json}: the inputs / outputs / final states of transformers' chunked
+and recurrent gated delta rules for one Gated DeltaNet layer on the text prompt, and every layer's cache state
+(conv + recurrent states of the linear layers, keys / values of the full-attention layers) after the prompt.
+
 Run scripts/make_tiny_checkpoints.py first.
-Usage:  /root/golden-venv/bin/python scripts/make_goldens.py [--skip-media] [family ...]   (default: all four)
+Usage:  /root/golden-venv/bin/python scripts/make_goldens.py [--skip-media] [family ...]   (default: the four 4.57 ones)
+        /root/golden-venv-5/bin/python scripts/make_goldens.py qwen3_5
 """
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import math
 import os
@@ -177,16 +186,23 @@ def load_processor(family):
     # (tokenizer.json, same file the Rust engine loads). AutoProcessor(use_fast=False) would also make the
     # tokenizer slow (vocab.json/merges.txt); run_case checks that both tokenizers agree. The slow image
     # processor is built by mtc.slow_image_processor (transformers 4.57.1 drops a size-only pixel budget).
+    # transformers 5 has no slow tokenizer: the reference is then tokenizer.json loaded as it is (TokenizersBackend),
+    # against Qwen3_5Tokenizer, which rebuilds its pipeline from the file's vocab/merges.
     fam = mtc.FAMILIES[family]
     d = str(CKPT[family])
-    ref = transformers.AutoProcessor.from_pretrained(d, use_fast=False)
+    if fam.transformers_major >= 5:
+        ref = transformers.AutoProcessor.from_pretrained(d)
+        ref.tokenizer = transformers.TokenizersBackend(tokenizer_file=str(CKPT[family] / "tokenizer.json"))
+    else:
+        ref = transformers.AutoProcessor.from_pretrained(d, use_fast=False)
     tok = transformers.AutoTokenizer.from_pretrained(d)
     assert tok.is_fast
     proc = fam.transformers_class("processor")(
         image_processor=mtc.slow_image_processor(CKPT[family]), tokenizer=tok, video_processor=ref.video_processor,
         chat_template=ref.chat_template)
     proc.slow_tokenizer = ref.tokenizer
-    assert type(proc.image_processor).__name__ == "Qwen2VLImageProcessor", type(proc.image_processor)
+    assert type(proc.image_processor).__name__ == mtc.SLOW_IMAGE_PROCESSOR[fam.transformers_major], \
+        type(proc.image_processor)
     return proc
 
 
@@ -295,6 +311,213 @@ def qwen3_checks(case, proc, model, inputs, position_ids, logits, videos, tensor
     return meta
 
 
+MAX_CACHE_DIFF = 1e-3  # cached prefill / decode step vs no-cache forward, f32 (logits of std ~2.5)
+MAX_DELTA_RULE_DIFF = 1e-4  # chunked vs recurrent gated delta rule, f32
+MIN_VISION_EFFECT = 0.5  # Qwen3.5: max |last-position logits - same with the patches' order reversed| must exceed this
+DELTA_RULE_LAYER = 4  # the Gated DeltaNet layer whose kernel inputs / outputs delta_rule.safetensors records
+
+
+def qwen3_5_checks(family, case, proc, model, inputs, position_ids, logits, greedy, videos):
+    """Qwen3.5 extras: the expanded prompt, a cached prefill + one decode step against the no-cache forward, the
+    per-frame video prompt / position checks and, for the text case, delta_rule.{safetensors,json}. Returns the json
+    additions."""
+    meta = {"expanded_prompt_text": proc.tokenizer.decode(inputs["input_ids"][0].tolist(), skip_special_tokens=False),
+            "image_processor": f"{type(proc.image_processor).__name__} (PIL resize)",
+            "decode_check": decode_step_check(model, inputs, logits, greedy)}
+    if "pixel_values" in inputs or "pixel_values_videos" in inputs:
+        meta["vision_check"] = vision_effect_check(model, inputs, logits)
+    if videos:
+        meta["video_processor_kwargs"] = {"video_metadata": [video_metadata(len(v)) for v in videos],
+                                          "do_sample_frames": False, "cap_pixels_per_frame": False}
+        meta["video_prompt_note"] = (
+            "transformers 5's Qwen3VLProcessor replaces only <|video_pad|>: the template's outer <|vision_start|> ... "
+            "<|vision_end|> stay around the per-frame '<t seconds><|vision_start|>pads<|vision_end|>' blocks "
+            "(transformers 4.57, which made the qwen3_vl goldens, replaced the whole wrapper); get_rope_index treats "
+            "the outer pair and the timestamps as text and every frame as a t=1 grid")
+        meta.update(check_video_prompt(proc, model, inputs, position_ids, meta["expanded_prompt_text"], videos))
+    if case == "text":
+        meta["delta_rule"] = make_delta_rule_goldens(family, model, inputs)
+    return meta
+
+
+def vision_effect_check(model, inputs, logits):
+    """The same forward with the order of the pixel patches reversed (other vision features, same token count): the
+    logits must not change before the first vision token and must change visibly at the last position."""
+    import torch
+
+    alt = dict(inputs)
+    for k in ("pixel_values", "pixel_values_videos"):
+        if k in alt:
+            alt[k] = torch.flip(alt[k], [0])
+    with torch.no_grad():
+        other = model(**alt, use_cache=False).logits.float()
+    sp = mtc.special_ids()
+    ids = inputs["input_ids"][0].tolist()
+    first = min(ids.index(sp[t]) for t in ("<|image_pad|>", "<|video_pad|>") if sp[t] in ids)
+    assert torch.equal(logits[:, :first], other[:, :first]), "vision features leaked before the first vision token"
+    effect = float((logits[0, -1] - other[0, -1]).abs().max())
+    assert effect > MIN_VISION_EFFECT, f"the image barely changes the last logits: {effect}"
+    return {"first_visual_token": first, "max_abs_diff_last_logits_vs_reversed_patches": effect,
+            "max_abs_diff_logits_vs_reversed_patches": float((logits - other).abs().max())}
+
+
+def _extend_inputs(inputs, new_ids):
+    """`inputs` with `new_ids` (text tokens) appended: ids, an all-ones attention mask, mm_token_type_ids 0."""
+    import torch
+
+    out = dict(inputs)
+    out["input_ids"] = torch.cat([inputs["input_ids"], new_ids], 1)
+    out["attention_mask"] = torch.ones_like(out["input_ids"])
+    if "mm_token_type_ids" in inputs:
+        out["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(new_ids)], 1)
+    return out
+
+
+def decode_step_check(model, inputs, logits, greedy):
+    """Prefill with use_cache=True, then one decode step of greedy[0] (input_ids only: the model takes the position
+    from the prefill's rope_deltas, the GDN layers switch to the recurrent rule + causal_conv1d_update), against the
+    no-cache forward on prompt + greedy[0]."""
+    import torch
+
+    nxt = greedy[None, :1]
+    with torch.no_grad():
+        model.model.rope_deltas = None
+        pre = model(**inputs, use_cache=True)
+        step = model(input_ids=nxt, past_key_values=pre.past_key_values, use_cache=True)
+        ref = model(**_extend_inputs(inputs, nxt), use_cache=False).logits[0, -1]
+    prefill_diff = float((pre.logits[0] - logits[0]).abs().max())
+    step_diff = float((step.logits[0, -1] - ref).abs().max())
+    assert prefill_diff < MAX_CACHE_DIFF and step_diff < MAX_CACHE_DIFF, (prefill_diff, step_diff)
+    assert int(pre.logits[0, -1].argmax()) == int(greedy[0])
+    return {"prefill_use_cache_vs_nocache_max_abs_diff": prefill_diff,
+            "decode_step_vs_nocache_prompt_plus_1_max_abs_diff": step_diff,
+            "decode_token": int(greedy[0]),
+            "note": ("model(**inputs, use_cache=True), then model(input_ids=[[greedy[0]]], past_key_values=...) with no "
+                     "position ids or attention mask, against model(prompt + greedy[0], use_cache=False).logits[0, -1]")}
+
+
+def make_delta_rule_goldens(family, model, inputs):
+    """delta_rule.{safetensors,json}: for Gated DeltaNet layer DELTA_RULE_LAYER on the text prompt, the block's input
+    / output, the exact arguments transformers passes to torch_chunk_gated_delta_rule (q, k, v before the in-kernel
+    l2norm, g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)) and the outputs / final states of the chunked
+    (as called, chunk 64, and re-run with chunks of 8) and recurrent rules; plus every layer's cache state after a
+    use_cache=True forward on the prompt. Returns the json summary (also written to delta_rule.json)."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    modeling = importlib.import_module(type(model).__module__)
+    chunk_rule, recurrent_rule = modeling.torch_chunk_gated_delta_rule, modeling.torch_recurrent_gated_delta_rule
+    layers = model.model.language_model.layers
+    types = model.config.text_config.layer_types
+    assert types[DELTA_RULE_LAYER] == "linear_attention"
+    gdn = layers[DELTA_RULE_LAYER].linear_attn
+    seen, current = {}, []
+
+    def recording_chunk_rule(query, key, value, g, beta, **kw):
+        out, state = chunk_rule(query, key, value, g=g, beta=beta, **kw)
+        if current == [DELTA_RULE_LAYER]:
+            seen.update(query=query, key=key, value=value, g=g, beta=beta, kwargs=dict(kw), output=out, state=state)
+        return out, state
+
+    def pre_hook(module, args, kwargs):
+        current[:] = [module.layer_idx]
+
+    def post_hook(module, args, kwargs, output):
+        current[:] = []
+        seen.update(block_input=kwargs["hidden_states"], block_output=output)
+
+    hooks = [gdn.register_forward_pre_hook(pre_hook, with_kwargs=True),
+             gdn.register_forward_hook(post_hook, with_kwargs=True)]
+    modeling.torch_chunk_gated_delta_rule = recording_chunk_rule
+    try:
+        with torch.no_grad():
+            model.model.rope_deltas = None
+            cache = model(**inputs, use_cache=True).past_key_values
+    finally:
+        modeling.torch_chunk_gated_delta_rule = chunk_rule
+        for h in hooks:
+            h.remove()
+    kw = seen["kwargs"]
+    assert kw.get("use_qk_l2norm_in_kernel") is True and kw.get("initial_state") is None, kw
+    q, k, v, g, beta = (seen[n].contiguous() for n in ("query", "key", "value", "g", "beta"))
+    args = dict(g=g, beta=beta, initial_state=None, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    with torch.no_grad():
+        c64, s64 = chunk_rule(q, k, v, chunk_size=64, **args)
+        c8, s8 = chunk_rule(q, k, v, chunk_size=8, **args)
+        rec, srec = recurrent_rule(q, k, v, **args)
+        # prefill in two pieces: the state of the first carries into the second
+        n1 = q.shape[1] * 2 // 3
+        a_out, a_state = chunk_rule(q[:, :n1], k[:, :n1], v[:, :n1], chunk_size=8, **{**args, "g": g[:, :n1],
+                                                                                       "beta": beta[:, :n1]})
+        b_out, b_state = chunk_rule(q[:, n1:], k[:, n1:], v[:, n1:], chunk_size=8,
+                                    **{**args, "g": g[:, n1:], "beta": beta[:, n1:], "initial_state": a_state})
+    split_out = torch.cat([a_out, b_out], 1)
+    diffs = {
+        "chunk64_vs_recurrent_output": float((c64 - rec).abs().max()),
+        "chunk64_vs_recurrent_final_state": float((s64 - srec).abs().max()),
+        "chunk8_vs_recurrent_output": float((c8 - rec).abs().max()),
+        "chunk8_vs_recurrent_final_state": float((s8 - srec).abs().max()),
+        "two_piece_prefill_vs_recurrent_output": float((split_out - rec).abs().max()),
+        "two_piece_prefill_vs_recurrent_final_state": float((b_state - srec).abs().max()),
+    }
+    assert max(diffs.values()) < MAX_DELTA_RULE_DIFF, diffs
+    assert torch.equal(c64, seen["output"]) and torch.equal(s64, seen["state"]), "re-run differs from the model's call"
+    cache_layer = cache.layers[DELTA_RULE_LAYER]
+    assert torch.equal(cache_layer.recurrent_states[0], seen["state"]), "cache holds another recurrent state"
+
+    tensors = {"block_input": seen["block_input"], "block_output": seen["block_output"],
+               "query": q, "key": k, "value": v, "g": g, "beta": beta,
+               "chunk_output": c64, "chunk_final_state": s64, "chunk8_output": c8, "chunk8_final_state": s8,
+               "recurrent_output": rec, "recurrent_final_state": srec}
+    cache_shapes = {}
+    for i, kind in enumerate(types):
+        layer = cache.layers[i]
+        if kind == "linear_attention":
+            entries = {f"cache.{i}.conv_state": layer.conv_states[0],
+                       f"cache.{i}.recurrent_state": layer.recurrent_states[0]}
+        else:
+            entries = {f"cache.{i}.key": layer.keys, f"cache.{i}.value": layer.values}
+        tensors.update(entries)
+        cache_shapes[str(i)] = {"type": kind, "cache_layer": type(layer).__name__}
+        for n, t in entries.items():
+            cache_shapes[str(i)][n.rsplit(".", 1)[1]] = {"shape": list(t.shape), "dtype": str(t.dtype)[len("torch."):]}
+    tensors = {n: t.detach().to(torch.float32).contiguous() for n, t in tensors.items()}
+    out_dir = GOLD / family
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "delta_rule.safetensors"), metadata={"format": "pt"})
+    tc = model.config.text_config
+    meta = {
+        "case": "text",
+        "layer": DELTA_RULE_LAYER,
+        "layer_types": list(types),
+        "sequence_length": int(q.shape[1]),
+        "kernel_call": {"function": "torch_chunk_gated_delta_rule", "chunk_size": 64, "use_qk_l2norm_in_kernel": True,
+                        "initial_state": None, "output_final_state": True,
+                        "note": ("query/key/value/g/beta are the arguments as passed: q, k unnormalised (the kernel "
+                                 "l2-normalises them, eps 1e-6, then scales q by k_head_dim**-0.5); each of the "
+                                 f"{tc.linear_num_key_heads} q/k heads serves "
+                                 f"{tc.linear_num_value_heads // tc.linear_num_key_heads} consecutive value heads "
+                                 "(repeat_interleave)")},
+        "max_abs_diffs": diffs,
+        "two_piece_split": int(n1),
+        "shapes": {n: list(t.shape) for n, t in tensors.items()},
+        "cache": cache_shapes,
+        "cache_note": ("after model(**inputs, use_cache=True) on the text prompt: linear-attention layers hold "
+                       "conv_state [batch, 2*key_dim + value_dim, linear_conv_kernel_dim] = the last kernel_dim "
+                       "pre-convolution in_proj_qkv columns (q | k | v channels; zero-padded on the left for shorter "
+                       "prompts) and recurrent_state [batch, value_heads, key_head_dim, value_head_dim] "
+                       "(S[k, v], read as q @ S); full-attention layers hold key / value [batch, kv_heads, seq, head_dim] "
+                       "after k_norm and rotary (value: v_proj)"),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+    (out_dir / "delta_rule.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    print(f"  {family}/delta_rule: layer {DELTA_RULE_LAYER}, L={meta['sequence_length']}, "
+          f"max diff {max(diffs.values()):.3g}")
+    return {"file": "delta_rule.safetensors", "layer": DELTA_RULE_LAYER, "max_abs_diffs": diffs}
+
+
 def check_video_prompt(proc, model, inputs, position_ids, expanded, videos):
     """Qwen3-VL writes `<t seconds>` before every temporal patch and get_rope_index gives each temporal patch
     its own <|vision_start|>..<|vision_end|> block (t index 0, h/w restart), with the timestamp text between."""
@@ -352,6 +575,9 @@ def slow_video_pixel_diff(proc, frames, inputs):
     import transformers
 
     ip = proc.image_processor
+    if mtc.transformers_major() >= 5:
+        pv = pil_video_pixels(ip, frames, inputs["video_grid_thw"][0].tolist())
+        return float(np.abs(pv - inputs["pixel_values_videos"].numpy()).max())
     pv, thw = ip._preprocess(frames, do_resize=True, size=ip.size, resample=ip.resample, do_rescale=True,
                              rescale_factor=ip.rescale_factor, do_normalize=True, image_mean=ip.image_mean,
                              image_std=ip.image_std, patch_size=ip.patch_size,
@@ -361,13 +587,40 @@ def slow_video_pixel_diff(proc, frames, inputs):
     return float(np.abs(np.asarray(pv, dtype=np.float32) - inputs["pixel_values_videos"].numpy()).max())
 
 
+def pil_video_pixels(ip, frames, thw):
+    """transformers 5's PIL image processor (Qwen2VLImageProcessorPil) works image by image: resize every frame to
+    the video grid's size with its PIL resize, rescale and normalize, then patchify the frame stack as a video
+    (temporal patches of consecutive frames)."""
+    from transformers.image_processing_backends import PilBackend
+    from transformers.image_utils import SizeDict
+
+    t, gh, gw = thw
+    ps, ms, tps = ip.patch_size, ip.merge_size, ip.temporal_patch_size
+    stack = []
+    for f in frames:
+        x = ip.process_image(f, do_convert_rgb=True)
+        x = PilBackend.resize(ip, x, SizeDict(height=gh * ps, width=gw * ps), resample=ip.resample)
+        stack.append(ip.normalize(ip.rescale(x, ip.rescale_factor), ip.image_mean, ip.image_std))
+    v = np.stack(stack).astype(np.float32)  # T, C, H, W
+    assert v.shape[0] == t * tps, (v.shape, thw)
+    c = v.shape[1]
+    v = v.reshape(t, tps, c, gh // ms, ms, ps, gw // ms, ms, ps).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return v.reshape(t * gh * gw, c * tps * ps * ps)
+
+
+# Chat-template variables the goldens render with (recorded in the json). Qwen3.5's template opens a thinking block
+# by default ('<think>\n'); enable_thinking=False gives the empty block '<think>\n\n</think>\n\n' instead.
+CHAT_TEMPLATE_KWARGS = {"qwen3_5": {"enable_thinking": False}}
+
+
 def run_case(family, case, proc, model):
     import torch
     import transformers
     from safetensors.torch import save_file
 
     messages = CASES[case]
-    prompt = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    template_kwargs = CHAT_TEMPLATE_KWARGS.get(family, {})
+    prompt = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
     images, videos = collect_media(messages)
     qwen3 = mtc.FAMILIES[family].qwen3
     kwargs = {}
@@ -375,6 +628,8 @@ def run_case(family, case, proc, model):
         # pre-sampled frames: Qwen3-VL needs their timestamps, from the metadata (fps, frame indices)
         kwargs["video_metadata"] = [video_metadata(len(v)) for v in videos]
         kwargs["do_sample_frames"] = False
+        if mtc.FAMILIES[family].transformers_major >= 5:
+            kwargs["cap_pixels_per_frame"] = False  # 4.57's clip-wide budget (the same size for these 4 frames)
     elif videos:
         kwargs["fps"] = VIDEO_FPS
     inputs = proc(text=[prompt], images=images or None, videos=videos or None, return_tensors="pt", **kwargs)
@@ -394,6 +649,8 @@ def run_case(family, case, proc, model):
     )
     if family == "qwen2_5_vl":
         rope_args["second_per_grid_ts"] = inputs.get("second_per_grid_ts")
+    if "mm_token_type_ids" in inputs:  # transformers 5: text 0 / image 1 / video 2 per token, from the processor
+        rope_args["mm_token_type_ids"] = inputs["mm_token_type_ids"]
     position_ids, rope_deltas = inner.get_rope_index(**rope_args)
 
     with torch.no_grad():
@@ -431,10 +688,7 @@ def run_case(family, case, proc, model):
     # first step of generate must agree with the full forward
     assert int(logits[0, -1].argmax()) == int(greedy[0])
     # cross-check: full no-cache forward on prompt+greedy reproduces the greedy ids
-    full = torch.cat([input_ids, greedy[None, :-1]], 1)
-    fin = dict(inputs)
-    fin["input_ids"] = full
-    fin["attention_mask"] = torch.ones_like(full)
+    fin = _extend_inputs(inputs, greedy[None, :-1])
     with torch.no_grad(), RouterGaps(model) as router:  # MoE: every routing decision of prompt + continuation
         o2 = model(**fin, use_cache=False)
     re_ids = o2.logits[0, L - 1:].argmax(-1)
@@ -457,7 +711,9 @@ def run_case(family, case, proc, model):
     if "second_per_grid_ts" in inputs:
         tensors["second_per_grid_ts"] = torch.as_tensor(inputs["second_per_grid_ts"], dtype=torch.float32).reshape(-1)
     extra_meta = {}
-    if qwen3:
+    if mtc.FAMILIES[family].qwen3_5:
+        extra_meta = qwen3_5_checks(family, case, proc, model, inputs, position_ids, logits, greedy, videos)
+    elif qwen3:
         extra_meta = qwen3_checks(case, proc, model, inputs, position_ids, logits, videos, tensors)
         if router.gaps:
             extra_meta["router_min_topk_gap"] = min(router.gaps)
@@ -471,6 +727,7 @@ def run_case(family, case, proc, model):
         "messages": messages,
         "media_dir": "tests/fixtures/media",
         "prompt_text": prompt,
+        **({"chat_template_kwargs": template_kwargs} if template_kwargs else {}),
         "num_new_tokens": NEW_TOKENS,
         "greedy_note": "pure argmax over all vocab rows for every step; EOS does not stop generation",
         "greedy_ids": greedy.tolist(),
@@ -687,12 +944,13 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     print(f"transformers {transformers.__version__} torch {torch.__version__}")
-    fams = [a for a in sys.argv[1:] if not a.startswith("--")] or list(mtc.FAMILIES)
-    unknown = set(fams) - set(mtc.FAMILIES)
-    if unknown:
-        raise SystemExit(f"unknown families {sorted(unknown)}; known: {list(mtc.FAMILIES)}")
-    if "--skip-media" not in sys.argv:
+    fams = mtc.requested_families(sys.argv[1:])
+    # transformers-5 families read the committed media and never rewrite them (nor anything else of the 4.57 ones)
+    if "--skip-media" not in sys.argv and any(mtc.FAMILIES[f].transformers_major < 5 for f in fams):
         make_media()
+    missing = [f for f in ("img_a.png", "img_b.png", *VIDEO_FRAMES) if not (MEDIA / f).is_file()]
+    if missing:
+        raise SystemExit(f"missing media {missing}: run make_goldens.py under /root/golden-venv first")
     if set(fams) & set(QWEN2_FAMILIES):
         make_preprocess()
         make_tokenizer_goldens()

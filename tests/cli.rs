@@ -183,3 +183,30 @@ fn bench_agents_takes_qwen3_vl_configs() {
         assert_eq!(r["with_cache"]["requests"], 16, "{cfg}: the same 8 calls per dialogue as for Qwen2.5-VL");
     }
 }
+
+/// The paper's setting: Qwen3.5-27B on one 24 GiB card. At q4k it holds 8 dialogues of 4k
+/// tokens (weights, K/V of the 16 attention layers, the 48 Gated DeltaNet states each); in
+/// bf16 the weights alone exceed the card.
+#[test]
+fn plan_fits_qwen3_5_27b_at_q4k_in_24_gib_but_not_bf16() {
+    let cfg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/qwen3.5-27b.json");
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["plan", "--config", cfg.to_str().unwrap(), "--memory", "24GiB", "--dialogues", "8", "--context", "4096", "--json"];
+        args.extend_from_slice(extra);
+        let o = merg(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let q4k = run(&["--quant", "q4k"]);
+    println!("q4k: {q4k}");
+    assert_eq!(q4k["fits"], true);
+    assert_eq!(q4k["kv_bytes_per_token"], 2 * 16 * 4 * 256 * 2, "K+V, 16 attention layers, 4 kv heads of 256, bf16");
+    assert_eq!(q4k["state_bytes_per_sequence"], 48 * 4 * (3 * (2 * 16 * 128 + 48 * 128) + 48 * 128 * 128), "48 linear layers: conv window + delta-rule state, f32");
+    let weights = q4k["text_weight_bytes"].as_u64().unwrap() + q4k["vision_weight_bytes"].as_u64().unwrap();
+    assert!((15u64 << 30..19u64 << 30).contains(&weights), "a Q4_K_M-sized 27B: {weights}");
+    let bf16 = run(&[]);
+    assert_eq!(bf16["fits"], false);
+    assert!(bf16["free_bytes"].as_i64().unwrap() < 0, "bf16 weights alone exceed 24 GiB");
+    let bad = merg(&["plan", "--config", cfg.to_str().unwrap(), "--memory", "lots"]);
+    assert!(!bad.status.success() && stderr(&bad).contains("--memory"), "{}", stderr(&bad));
+}

@@ -109,6 +109,14 @@ fn hybrid_prefix_cache_on_equals_off_and_serves_the_shared_prefix() {
         let round = |_: ()| (0..8).map(|d| call(d, agent, 5)).collect::<Vec<_>>();
         assert_eq!(tokens(&on.run_all(round(()))), tokens(&off.run_all(round(()))), "agent {agent}");
     }
+    // 100 mixed requests at once: the same text with different images, the same image with
+    // different texts, repeats, all racing for the cache.
+    let mixed = |_: ()| (0..100).map(|i| {
+        let mut r = call(i % 7, (i / 7) % 5, 4);
+        r.media = vec![Media::Image(image(IMAGES[(i / 3) % 3]))];
+        r
+    }).collect::<Vec<_>>();
+    assert_eq!(tokens(&on.run_all(mixed(()))), tokens(&off.run_all(mixed(()))), "100 mixed requests");
     let s = on.stats();
     println!("hybrid prefix cache: {:?} snapshots {:?}", s.prefix, s.snapshots);
     let snaps = s.snapshots.unwrap();
