@@ -113,9 +113,14 @@ pub const QWEN3_VL_CHAT_TEMPLATE: &str = include_str!("../models/qwen3-vl-chat-t
 pub fn default_chat_template(model_type: &str) -> &'static str {
     match model_type {
         "qwen3_vl" | "qwen3_vl_moe" => QWEN3_VL_CHAT_TEMPLATE,
+        "qwen3_5" => QWEN3_5_CHAT_TEMPLATE,
         _ => QWEN2_VL_CHAT_TEMPLATE,
     }
 }
+
+/// The chat template shipped with Qwen3.5 (thinking blocks; merg renders it with
+/// `enable_thinking` false).
+pub const QWEN3_5_CHAT_TEMPLATE: &str = include_str!("../models/qwen3.5-chat-template.jinja");
 
 /// A compiled chat template.
 pub struct ChatTemplate {
@@ -205,9 +210,13 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .context("chat template missing")?;
+        // Qwen3.5's template opens a <think> block unless told otherwise: merg's agents answer
+        // in constrained JSON, so the reasoning block is switched off (templates that do not
+        // know the variable ignore it).
         let ctx = minijinja::context! {
             messages => Value::from_serialize(&msgs),
             add_generation_prompt => add_generation_prompt,
+            enable_thinking => false,
         };
         tmpl.render(ctx).map_err(|e| match e.kind() {
             ErrorKind::OutOfFuel => anyhow!("rendering {} stopped after {TEMPLATE_FUEL} steps: the template runs away (a loop that does not end?)", self.origin),

@@ -131,7 +131,7 @@ impl Processor {
 fn placeholder(v: &VisionSpec, g: &MediaGrid) -> Placeholder {
     if g.is_video && v.video_timestamps {
         let per_step = v.tokens(&MediaGrid { thw: [1, g.thw[1], g.thw[2]], ..g.clone() });
-        Placeholder::Steps { per_step, seconds: g.step_seconds(v.temporal_patch_size) }
+        Placeholder::Steps { per_step, seconds: g.step_seconds(v.temporal_patch_size), keep_outer: v.video_outer_markers }
     } else {
         Placeholder::Run(v.tokens(g))
     }

@@ -69,8 +69,9 @@ pub enum Placeholder {
     Run(usize),
     /// A Qwen3-VL video: for each temporal step, its time as text (`<1.2 seconds>`), then
     /// vision-start, `per_step` pads, vision-end, in place of the template's
-    /// `<|vision_start|><|video_pad|><|vision_end|>`, as Qwen3VLProcessor writes it.
-    Steps { per_step: usize, seconds: Vec<f64> },
+    /// `<|vision_start|><|video_pad|><|vision_end|>` (transformers 4.57's Qwen3VLProcessor), or
+    /// of the pad alone, inside the template's markers, with `keep_outer` (transformers 5).
+    Steps { per_step: usize, seconds: Vec<f64>, keep_outer: bool },
 }
 
 impl ChatTokenizer {
@@ -278,7 +279,7 @@ impl ChatTokenizer {
         }
         let empty = |p: &Placeholder| match p {
             Placeholder::Run(n) => *n == 0,
-            Placeholder::Steps { per_step, seconds } => *per_step == 0 || seconds.is_empty(),
+            Placeholder::Steps { per_step, seconds, .. } => *per_step == 0 || seconds.is_empty(),
         };
         if let Some(k) = media.iter().position(empty) {
             bail!("media item {k} has no tokens; every image/video needs at least one");
@@ -392,13 +393,13 @@ impl ChatTokenizer {
                         counts.push(*n);
                         text.push_str(content);
                     }
-                    Placeholder::Steps { per_step, seconds } => {
+                    Placeholder::Steps { per_step, seconds, keep_outer } => {
                         if id != self.special.video_pad {
                             bail!("an image placeholder cannot take a video's time steps");
                         }
                         let (vs, ve) = (self.content_of(self.special.vision_start)?, self.content_of(self.special.vision_end)?);
                         // The template's own start/end around the pad are replaced, not doubled.
-                        if text.ends_with(vs) && rest.starts_with(ve) {
+                        if !keep_outer && text.ends_with(vs) && rest.starts_with(ve) {
                             text.truncate(text.len() - vs.len());
                             rest = &rest[ve.len()..];
                         }

@@ -54,6 +54,9 @@ pub struct VisionSpec {
     /// Qwen3-VL: each temporal step of a video is its own placeholder run, preceded by its
     /// time as text (`<1.2 seconds>`), instead of one run per video.
     pub video_timestamps: bool,
+    /// With timestamps: the template's own vision-start/-end stay around the steps
+    /// (transformers 5's processor, Qwen3.5) instead of being replaced (4.57, Qwen3-VL).
+    pub video_outer_markers: bool,
 }
 
 impl VisionSpec {
@@ -218,7 +221,7 @@ mod tests {
         };
         assert_eq!(spec.num_attention_layers(), 2);
         assert!(spec.has_recurrent_layers());
-        let v = VisionSpec { patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2, video_timestamps: false };
+        let v = VisionSpec { patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2, video_timestamps: false, video_outer_markers: false };
         assert_eq!(v.tokens(&MediaGrid::image([1, 32, 32])), 256);
     }
 

@@ -104,6 +104,7 @@ fn spec_of(cfg: &Config) -> ModelSpec {
             spatial_merge_size: cfg.vision.spatial_merge_size,
             temporal_patch_size: cfg.vision.temporal_patch_size,
             video_timestamps: false,
+            video_outer_markers: false,
         }),
     }
 }

@@ -94,6 +94,8 @@ pub fn spec_of(cfg: &Config) -> ModelSpec {
             spatial_merge_size: cfg.vision.spatial_merge_size,
             temporal_patch_size: cfg.vision.temporal_patch_size,
             video_timestamps: true,
+            // The goldens' transformers: 4.57 for Qwen3-VL, 5.x (keeps them) for Qwen3.5.
+            video_outer_markers: cfg.model_type == "qwen3_5",
         }),
     }
 }
