@@ -218,11 +218,12 @@ fn recording_keyframes_stop_before_the_answered_turn() {
     assert!(none.is_empty() && r.notes.iter().any(|n| n.contains("none.avi")));
 }
 
-/// `merg respond` on the example dialogue (four keyframes) with the tiny Qwen3-VL and
-/// Qwen3-VL-MoE checkpoints: every agent's output parses, and later agents reuse the prefix.
+/// `merg respond` on the example dialogue (four keyframes) with the tiny Qwen3-VL,
+/// Qwen3-VL-MoE and Qwen3.5 checkpoints: every agent's output parses, and later agents reuse
+/// the prefix (Qwen3.5: K/V blocks plus the recurrent-state snapshot after the keyframes).
 #[test]
 fn merg_respond_runs_on_qwen3_vl() {
-    for family in ["qwen3_vl", "qwen3_vl_moe"] {
+    for family in ["qwen3_vl", "qwen3_vl_moe", "qwen3_5"] {
         let dir = tempfile::tempdir().unwrap();
         let trace = dir.path().join("t.json");
         let out = Command::new(env!("CARGO_BIN_EXE_merg"))
