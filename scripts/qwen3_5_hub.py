@@ -311,19 +311,7 @@ def vision_config(family: str) -> dict:
 
 
 def config_json(family: str, ids: dict, vocab_size: int, transformers_version: str) -> dict:
-    text = text_config(ids, vocab_size)
-    return {
-        "architectures": [ARCHITECTURES[family]],
-        "image_token_id": ids["<|image_pad|>"],
-        "model_type": family,
-        "text_config": text,
-        "tie_word_embeddings": text["tie_word_embeddings"],
-        "transformers_version": transformers_version,
-        "video_token_id": ids["<|video_pad|>"],
-        "vision_config": vision_config(family),
-        "vision_end_token_id": ids["<|vision_end|>"],
-        "vision_start_token_id": ids["<|vision_start|>"],
-    }
+    return q3.assemble_config(ARCHITECTURES[family], family, ids, text_config(ids, vocab_size), vision_config(family), transformers_version)
 
 
 # Same preprocessor files as Qwen3-VL (Qwen2VLImageProcessorFast / Qwen3VLVideoProcessor, patch 16, mean/std 0.5).

@@ -238,21 +238,24 @@ def vision_config(family: str) -> dict:
     }
 
 
-def config_json(family: str, ids: dict, vocab_size: int, transformers_version: str) -> dict:
-    text = text_config(family, ids, vocab_size)
-    cfg = {
-        "architectures": [ARCHITECTURES[family]],
+def assemble_config(architecture: str, family: str, ids: dict, text: dict, vision: dict, transformers_version: str) -> dict:
+    """The hub layout every Qwen3-VL-style config.json shares (Qwen3.5 too)."""
+    return {
+        "architectures": [architecture],
         "image_token_id": ids["<|image_pad|>"],
         "model_type": family,
         "text_config": text,
         "tie_word_embeddings": text["tie_word_embeddings"],
         "transformers_version": transformers_version,
         "video_token_id": ids["<|video_pad|>"],
-        "vision_config": vision_config(family),
+        "vision_config": vision,
         "vision_end_token_id": ids["<|vision_end|>"],
         "vision_start_token_id": ids["<|vision_start|>"],
     }
-    return cfg
+
+
+def config_json(family: str, ids: dict, vocab_size: int, transformers_version: str) -> dict:
+    return assemble_config(ARCHITECTURES[family], family, ids, text_config(family, ids, vocab_size), vision_config(family), transformers_version)
 
 
 def _pixel_fields(min_pixels: int, max_pixels: int) -> dict:
