@@ -119,6 +119,7 @@ fn sixty_four_dialogues_on_eight_state_slots() {
     };
     let mut eng = Engine::new(checkpoint(), cfg).unwrap();
     assert_eq!(eng.stats().state_slots, 8);
+    assert!(eng.state_summary().unwrap().contains("8 slots"), "{:?}", eng.state_summary());
     let reqs: Vec<ChatRequest> = (0..64).map(|i| call(i * 7 % 13, i % 5, 6)).collect();
     let got = eng.run_all(reqs);
     assert!(got.iter().all(|r| r.is_ok()));

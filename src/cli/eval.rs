@@ -198,6 +198,9 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     let scorers = load_scorers(&spec, &model.device)?;
     let prompts = pipeline.prompts()?;
     let engine = Engine::new(load_checkpoint(model)?, a.engine.config()?)?;
+    if let Some(line) = engine.state_summary() {
+        eprintln!("{line}");
+    }
     let thread = EngineThread::spawn(engine);
     let agent_model = EngineModel::new(thread.handle.clone())?;
     let ev = Evaluator { spec: &spec, model: &agent_model, prompts: &prompts, memory: memory.as_ref(), scorers: &scorers };

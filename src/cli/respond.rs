@@ -176,6 +176,9 @@ pub fn cmd_respond(a: RespondArgs) -> Result<()> {
         PathBuf::from(format!("{stem}.trace.json"))
     });
     let engine = Engine::new(load_checkpoint(&a.model)?, a.engine.config()?)?;
+    if let Some(line) = engine.state_summary() {
+        eprintln!("{line}");
+    }
     let thread = EngineThread::spawn(engine);
     let model = EngineModel::new(thread.handle.clone())?;
     let pipeline = Pipeline { model: &model, prompts: &prompts, memory: memory.as_ref(), cfg: &cfg };

@@ -77,6 +77,9 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     let ckpt = load_checkpoint(&a.model)?;
     let info = model_info(&ckpt);
     let engine = merg::engine::Engine::new(ckpt, EngineConfig { max_context: a.max_context, ..a.engine.config()? })?;
+    if let Some(line) = engine.state_summary() {
+        eprintln!("{line}");
+    }
     let thread = EngineThread::spawn(engine);
     let model_name = a.served_model_name.clone().unwrap_or_else(|| default_name(&a.model.model));
     let cfg = ServeConfig {

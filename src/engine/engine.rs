@@ -181,6 +181,20 @@ impl Engine {
         self.preparer.max_context()
     }
 
+    /// Hybrid models: the recurrent-state budget in one line (slots, snapshot memory), for a
+    /// start-up report; `None` for models without recurrent layers.
+    pub fn state_summary(&self) -> Option<String> {
+        let spec = self.model.spec();
+        spec.has_recurrent_layers().then(|| {
+            let per = state_bytes_per_seq(spec) as f64 / 1048576.0;
+            let snaps = match &self.states {
+                Some(s) => format!("{:.1} MiB for prefix-cache snapshots", s.stats().budget as f64 / 1048576.0),
+                None => "no snapshots (prefix caching off)".into(),
+            };
+            format!("recurrent state: {} slots of {per:.1} MiB (at most {} running sequences), {snaps}", self.scheduler.cfg.max_num_seqs, self.scheduler.cfg.max_num_seqs)
+        })
+    }
+
     pub fn num_free_blocks(&self) -> usize {
         self.bm.num_available()
     }
@@ -499,12 +513,6 @@ fn state_budget(cfg: &EngineConfig, spec: &crate::models::ModelSpec, kv_bytes: u
         anyhow::bail!("state memory of {mem} bytes holds no sequence's recurrent state ({per} bytes each)");
     }
     sched.max_num_seqs = sched.max_num_seqs.min(slots);
-    tracing::info!(
-        "recurrent state: {slots} slots of {:.1} MiB ({:.1} MiB), as much again for prefix-cache snapshots; {} running sequences at most",
-        per as f64 / 1048576.0,
-        mem as f64 / 1048576.0,
-        sched.max_num_seqs
-    );
     Ok((Some(StateCache::new(mem)), sched))
 }
 
