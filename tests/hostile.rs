@@ -343,6 +343,50 @@ fn hostile_qwen3_vl_checkpoints() {
     ]);
 }
 
+/// Replaces `from` by `to` (same length) in a safetensors header: the tensor is then missing
+/// under its own name while the file stays valid.
+fn rename_tensor(file: &Path, from: &str, to: &str) {
+    assert_eq!(from.len(), to.len());
+    let mut bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
+    assert!(header.contains(&format!("\"{from}\"")), "{from} not in {}", file.display());
+    let header = header.replace(&format!("\"{from}\""), &format!("\"{to}\""));
+    bytes[8..8 + n].copy_from_slice(header.as_bytes());
+    std::fs::write(file, bytes).unwrap();
+}
+
+/// Qwen3.5 checkpoints and settings that cannot work: each error names the field, tensor or
+/// setting, exit ≠ 0, no panic.
+#[test]
+fn hostile_qwen3_5_checkpoints() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    let cfg = |name: &'static str, f: fn(&mut serde_json::Value)| checkpoint_from("qwen3_5", d, name, |dir| edit_json(&dir.join("config.json"), f));
+    let short = cfg("short_types", |v| v["text_config"]["layer_types"] = serde_json::json!(["linear_attention", "full_attention"]));
+    let unknown = cfg("unknown_type", |v| v["text_config"]["layer_types"][1] = "mamba".into());
+    let missing = checkpoint_from("qwen3_5", d, "missing_state", |dir| {
+        let shard = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).find(|p| {
+            p.extension().is_some_and(|x| x == "safetensors") && String::from_utf8_lossy(&std::fs::read(p).unwrap()).contains("layers.0.linear_attn.A_log")
+        });
+        rename_tensor(&shard.unwrap(), "model.language_model.layers.0.linear_attn.A_log", "model.language_model.layers.0.linear_attn.A_loq");
+    });
+    let model = s(&tiny_dir("qwen3_5"));
+    let gen = |m: &str, extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["generate", "--model", m, "--prompt", "Hi", "--max-new-tokens", "2"].iter().map(|s| s.to_string()).collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let case = |name, args: Vec<String>, needles: &[&str]| Case { args, ..Case::fails(name, &[], needles) };
+    check(vec![
+        case("layer_types shorter than the layers", gen(&short, &[]), &["short_types", "layer_types has 2 entries for 8 layers"]),
+        case("unknown layer type", gen(&unknown, &[]), &["unknown_type", "\"mamba\""]),
+        case("a Gated DeltaNet tensor missing", gen(&missing, &[]), &["missing_state", "layers.0.linear_attn.A_log"]),
+        case("state budget below one sequence", gen(&model, &["--state-memory", "1KiB"]), &["state memory", "1024 bytes", "recurrent state"]),
+        case("state budget nonsense", gen(&model, &["--state-memory", "plenty"]), &["--state-memory", "plenty"]),
+    ]);
+}
+
 #[test]
 fn hostile_datasets_and_reports() {
     let t = tempfile::tempdir().unwrap();
