@@ -139,18 +139,23 @@ fn prefix_cache_serves_later_agents_and_refinement_rounds() {
     assert!(prefix >= first.prompt_tokens / 2, "{prefix} of {}", first.prompt_tokens);
 }
 
-#[test]
-fn merg_respond_cli_writes_a_trace() {
-    let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("t.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_merg"))
-        .args(["respond", "--model", tiny_dir("qwen2_5_vl").to_str().unwrap(), "--dialogue"])
+/// `merg respond` on the example dialogue and memory with a tiny checkpoint, writing `trace`.
+fn respond_example(family: &str, trace: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_merg"))
+        .args(["respond", "--model", tiny_dir(family).to_str().unwrap(), "--dialogue"])
         .arg(example("dialogue.json"))
         .args(["--memory"])
         .arg(example("memory.jsonl"))
         .args(["--trace", trace.to_str().unwrap(), "--max-new-tokens", "240", "--max-field-chars", "16", "--kv-memory", "blocks:512"])
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn merg_respond_cli_writes_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.json");
+    let out = respond_example("qwen2_5_vl", &trace);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let t: Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
@@ -226,14 +231,7 @@ fn merg_respond_runs_on_qwen3_vl() {
     for family in ["qwen3_vl", "qwen3_vl_moe", "qwen3_5"] {
         let dir = tempfile::tempdir().unwrap();
         let trace = dir.path().join("t.json");
-        let out = Command::new(env!("CARGO_BIN_EXE_merg"))
-            .args(["respond", "--model", tiny_dir(family).to_str().unwrap(), "--dialogue"])
-            .arg(example("dialogue.json"))
-            .args(["--memory"])
-            .arg(example("memory.jsonl"))
-            .args(["--trace", trace.to_str().unwrap(), "--max-new-tokens", "240", "--max-field-chars", "16", "--kv-memory", "blocks:512"])
-            .output()
-            .unwrap();
+        let out = respond_example(family, &trace);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{family}: {stderr}");
         let t: Trace = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
