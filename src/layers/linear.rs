@@ -71,6 +71,12 @@ impl Module for Linear {
     }
 }
 
+/// A layer kept dense whatever the source does (an MoE router: small, and its rounding would
+/// flip near-tied expert choices; llama.cpp keeps `ffn_gate_inp` unquantized too).
+pub fn linear_dense(in_dim: usize, out_dim: usize, w: Weights) -> Result<Linear> {
+    Ok(Linear::new(w.vb().get_with_hints((out_dim, in_dim), "weight", candle_nn::init::DEFAULT_KAIMING_NORMAL)?, None))
+}
+
 /// Loads `weight` (and `bias` when `bias` is true) under `w`, checking the shape. A source
 /// that holds the weight quantized gives a quantized layer.
 pub fn linear(in_dim: usize, out_dim: usize, bias: bool, w: Weights) -> Result<Linear> {

@@ -46,7 +46,7 @@ impl SparseMoe {
         if s.top_k == 0 || s.top_k > s.num_experts {
             candle_core::bail!("num_experts_per_tok {} must be between 1 and num_experts {}", s.top_k, s.num_experts);
         }
-        let router = linear(s.hidden, s.num_experts, false, w.pp("gate"))?;
+        let router = super::linear::linear_dense(s.hidden, s.num_experts, w.pp("gate"))?;
         let ew = w.pp("experts");
         let experts = if ew.contains("gate_up_proj") || !ew.contains("0.gate_proj.weight") {
             fused_experts(&s, &ew)?
@@ -95,14 +95,22 @@ fn fused_experts(s: &MoeShape, ew: &Weights) -> Result<Vec<Expert>> {
     let (e, h, i) = (s.num_experts, s.hidden, s.expert_width);
     let gate_up = ew.get((e, h, 2 * i), "gate_up_proj")?;
     let down = ew.get((e, i, h), "down_proj")?;
+    // Each expert becomes three linear layers, quantized like any other when the source
+    // quantizes (the fused tensor is dropped once they are cut).
+    let layer = |w: Tensor, name: &str| -> Result<Linear> {
+        match ew.quantize_derived(name, &w) {
+            Some(q) => Linear::quantized(q?, None),
+            None => Ok(Linear::new(w, None)),
+        }
+    };
     (0..e)
         .map(|x| {
             // Fused tensors are stored [in, out]; a Linear holds [out, in].
             let gu = gate_up.get(x)?; // [h, 2i]
             Ok(Expert {
-                gate: Linear::new(gu.narrow(1, 0, i)?.t()?.contiguous()?, None),
-                up: Linear::new(gu.narrow(1, i, i)?.t()?.contiguous()?, None),
-                down: Linear::new(down.get(x)?.t()?.contiguous()?, None),
+                gate: layer(gu.narrow(1, 0, i)?.t()?.contiguous()?, "gate_up_proj")?,
+                up: layer(gu.narrow(1, i, i)?.t()?.contiguous()?, "gate_up_proj")?,
+                down: layer(down.get(x)?.t()?.contiguous()?, "down_proj")?,
             })
         })
         .collect()
@@ -178,6 +186,36 @@ mod tests {
         let want = Tensor::cat(&want, 0)?;
         let d = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(d < 1e-5, "max diff {d}");
+        Ok(())
+    }
+
+    /// Fused experts from a file, quantized in situ to Q8_0: the routing is the same (the router
+    /// stays dense) and the output within Q8_0's noise of the dense layer's.
+    #[test]
+    fn fused_experts_quantize_in_situ() -> Result<()> {
+        let dev = Device::Cpu;
+        let (h, i, e) = (64, 32, 4);
+        let dir = tempfile::tempdir().map_err(candle_core::Error::wrap)?;
+        let file = dir.path().join("moe.safetensors");
+        let t = |shape: &[usize]| Tensor::randn(0f32, 0.3, shape, &dev);
+        let tensors = std::collections::HashMap::from([
+            ("mlp.gate.weight".to_string(), t(&[e, h])?),
+            ("mlp.experts.gate_up_proj".to_string(), t(&[e, h, 2 * i])?),
+            ("mlp.experts.down_proj".to_string(), t(&[e, i, h])?),
+        ]);
+        candle_core::safetensors::save(&tensors, &file)?;
+        let s = MoeShape { hidden: h, expert_width: i, num_experts: e, top_k: 2, norm_topk: true, act: Act::Silu };
+        let w = Weights::safetensors(&[file], DType::F32, &dev).map_err(candle_core::Error::wrap)?;
+        let dense = SparseMoe::new(s, w.pp("mlp"))?;
+        let (wq, stats) = w.quantize(crate::weights::Quant::Q8_0, false);
+        let quant = SparseMoe::new(s, wq.pp("mlp"))?;
+        assert_eq!(stats.quantized.load(std::sync::atomic::Ordering::Relaxed), 3 * e);
+        assert!(quant.experts.iter().all(|x| x.gate.is_quantized() && x.down.is_quantized()) && !quant.router.is_quantized());
+        let x = Tensor::randn(0f32, 1., (9, h), &dev)?;
+        assert_eq!(dense.route(&dense.router.forward(&x)?)?, quant.route(&quant.router.forward(&x)?)?);
+        let (a, b) = (dense.forward(&x)?, quant.forward(&x)?);
+        let rel = ((&a - &b)?.sqr()?.sum_all()?.to_scalar::<f32>()? / a.sqr()?.sum_all()?.to_scalar::<f32>()?).sqrt();
+        assert!(rel < 2e-2, "q8_0 experts: relative error {rel}");
         Ok(())
     }
 

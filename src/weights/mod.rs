@@ -43,6 +43,12 @@ pub trait WeightSource: Send + Sync {
     fn quantized(&self, _name: &str, _expect: Option<Expect>, _dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {
         None
     }
+    /// A linear weight the model cut from a stored tensor (an expert of a fused MoE tensor),
+    /// quantized the way this source quantizes its own linear weights; `None` keeps it dense.
+    /// `name` is where it came from.
+    fn quantize_derived(&self, _name: &str, _weight: &Tensor, _dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {
+        None
+    }
 }
 
 /// A source as a candle backend, so `candle_nn` builders (norms, embeddings) load through it.
@@ -115,6 +121,14 @@ impl Weights {
         let full = if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
         let expect = Expect { shape, init: candle_nn::init::DEFAULT_KAIMING_NORMAL };
         self.source.quantized(&full, Some(expect), self.vb.device())
+    }
+
+    /// `weight` `[out, in]`, cut by the model from tensor `name` (relative), quantized as
+    /// this source's linear weights are (`None`: stays dense).
+    pub fn quantize_derived(&self, name: &str, weight: &Tensor) -> Option<candle_core::Result<Arc<QTensor>>> {
+        let prefix = self.vb.prefix();
+        let full = if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+        self.source.quantize_derived(&full, weight, self.vb.device())
     }
 
     /// The same weights with linear layers quantized to `quant` as they load (the vision

@@ -129,11 +129,31 @@ impl WeightSource for QuantizingSource {
         };
         // One f32 copy of this tensor at a time, on the host, where candle quantizes.
         let q = self.inner.tensor(name, expect, DType::F32, &Device::Cpu).and_then(|t| QTensor::quantize_onto(&t, format, dev));
+        Some(self.count(q))
+    }
+
+    fn quantize_derived(&self, name: &str, weight: &Tensor, dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {
+        let in_dim = *weight.dims().last()?;
+        let format = match self.vision || !is_vision(name) {
+            true => self.format_for(in_dim),
+            false => None,
+        };
+        let Some(format) = format else {
+            self.stats.dense.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        let q = weight.to_device(&Device::Cpu).and_then(|t| t.to_dtype(DType::F32)).and_then(|t| QTensor::quantize_onto(&t, format, dev));
+        Some(self.count(q))
+    }
+}
+
+impl QuantizingSource {
+    fn count(&self, q: candle_core::Result<QTensor>) -> candle_core::Result<Arc<QTensor>> {
         if let Ok(q) = &q {
             self.stats.quantized.fetch_add(1, Ordering::Relaxed);
             self.stats.quantized_bytes.fetch_add(q.storage_size_in_bytes() as u64, Ordering::Relaxed);
         }
-        Some(q.map(Arc::new))
+        q.map(Arc::new)
     }
 }
 
