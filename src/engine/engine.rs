@@ -125,8 +125,8 @@ impl Engine {
         let max_context = cfg.max_context.unwrap_or(spec.max_context);
         let vision_cache = Arc::new(Mutex::new(VisionCache::new(cfg.vision_cache_entries)));
         let preparer = RequestPreparer::new(ckpt.processor.clone(), vision_cache.clone(), ckpt.tokenizer_file(), max_context);
-        // K/V blocks alone cannot restore a recurrent layer's state, so a hybrid model runs
-        // without prefix caching until the cache also keeps state snapshots.
+        // K/V blocks alone cannot restore a recurrent layer's state: a hybrid model's cached
+        // prefixes also need its state snapshots (kept only while prefix caching is on).
         let (states, scheduler_cfg) = state_budget(&cfg, spec, n as u64 * crate::engine::kv_pool::bytes_per_block(spec, cfg.block_size, model.dtype()))?;
         let prefix_caching = cfg.prefix_caching;
         let states = states.filter(|_| prefix_caching);
