@@ -1,12 +1,13 @@
 //! A loaded checkpoint: the model (any registered family) and its processor (tokenizer, chat
 //! template, image preprocessor). `Engine::new` takes one.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 
+use crate::engine::constraint::TokenizerJson;
+use crate::gguf::GgufPaths;
 use crate::hub::ModelFiles;
 use crate::models::{self, Model};
 use crate::processor::Processor;
@@ -17,10 +18,14 @@ use crate::weights::{Quant, QuantStats, Weights};
 pub struct Checkpoint {
     pub model: Arc<dyn Model>,
     pub processor: Processor,
-    /// Where it came from (absent for dummy weights).
+    /// Where it came from (absent for dummy weights and GGUF files).
     pub files: Option<ModelFiles>,
+    /// The GGUF files it came from, when it did.
+    pub gguf: Option<GgufPaths>,
     /// What in-situ quantization did, when it was asked for.
     pub quant_stats: Option<Arc<QuantStats>>,
+    /// The tokenizer.json JSON-schema constraints compile from (absent for dummy weights).
+    pub tokenizer_json: Option<TokenizerJson>,
 }
 
 /// A device by name: "cpu", "cuda" or "cuda:N".
@@ -48,7 +53,7 @@ pub struct LoadOptions {
 }
 
 impl LoadOptions {
-    fn weights(&self, w: Weights) -> (Weights, Option<Arc<QuantStats>>) {
+    pub fn weights(&self, w: Weights) -> (Weights, Option<Arc<QuantStats>>) {
         match self.quant {
             Some(q) => {
                 let (w, stats) = w.quantize(q, self.quant_vision);
@@ -81,7 +86,8 @@ impl Checkpoint {
         }
         let processor = Processor::new(tokenizer, preprocessor, model.spec());
         processor.check_ids(model.spec())?;
-        Ok(Checkpoint { model, processor, files: Some(files), quant_stats })
+        let tokenizer_json = Some(TokenizerJson::File(files.tokenizer.clone()));
+        Ok(Checkpoint { model, processor, files: Some(files), gguf: None, quant_stats, tokenizer_json })
     }
 
     /// Random weights for a config.json, with a separate tokenizer (benchmarks).
@@ -97,17 +103,41 @@ impl Checkpoint {
         let model = models::load(&cfg, weights).with_context(|| format!("model config {}", config.display()))?;
         let processor = Processor::new(Arc::new(tokenizer), PreprocessorConfig::for_spec(model.spec()), model.spec());
         processor.check_ids(model.spec())?;
-        Ok(Checkpoint { model, processor, files: None, quant_stats })
+        Ok(Checkpoint { model, processor, files: None, gguf: None, quant_stats, tokenizer_json: None })
+    }
+
+    /// llama.cpp GGUF files: the text model and its vision projector (see `gguf::resolve`).
+    /// Quantized tensors stay in their blocks; `opts.quant` applies only to a file stored in
+    /// float types.
+    pub fn load_gguf(paths: &GgufPaths, device: &Device, opts: &LoadOptions) -> Result<Self> {
+        let opened = crate::gguf::open(paths)?;
+        if opened.quantized && opts.quant.is_some() {
+            bail!("{} is already quantized: in-situ quantization applies to float weights only (load it without a quantization type)", paths.text.display());
+        }
+        let dtype = opts.dtype.unwrap_or_else(|| crate::weights::default_dtype(device));
+        let (weights, quant_stats) = opts.weights(Weights::new(Arc::new(opened.weights), dtype, device));
+        let source = weights.describe();
+        let model = models::load(&opened.config, weights).with_context(|| format!("loading the GGUF model {source}"))?;
+        let tokenizer = ChatTokenizer::from_json(&opened.tokenizer_json, &opened.tokenizer_origin, opened.chat_template)?;
+        let processor = Processor::new(Arc::new(tokenizer), PreprocessorConfig::for_spec(model.spec()), model.spec());
+        processor.check_ids(model.spec())?;
+        let tokenizer_json = Some(TokenizerJson::Text { origin: opened.tokenizer_origin, text: opened.tokenizer_json.into() });
+        Ok(Checkpoint { model, processor, files: None, gguf: Some(paths.clone()), quant_stats, tokenizer_json })
+    }
+
+    /// Where the weights came from, for messages.
+    pub fn origin(&self) -> String {
+        match (&self.files, &self.gguf) {
+            (Some(f), _) => f.source.clone(),
+            (None, Some(g)) => g.text.display().to_string(),
+            (None, None) => "with dummy weights".into(),
+        }
     }
 
     pub fn tokenizer(&self) -> &ChatTokenizer {
         &self.processor.tokenizer
     }
 
-    /// The tokenizer.json path (JSON-schema constraints compile from it).
-    pub fn tokenizer_file(&self) -> Option<PathBuf> {
-        self.files.as_ref().map(|f| f.tokenizer.clone())
-    }
 }
 
 /// Bytes free on `device`: free GPU memory, or MemAvailable on the host (4 GiB where unknown).

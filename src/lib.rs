@@ -51,6 +51,7 @@ pub mod dialogue;
 pub mod engine;
 pub mod eval;
 pub mod generate;
+pub mod gguf;
 pub mod hub;
 pub mod input;
 pub mod layers;

@@ -94,12 +94,13 @@ impl ChatTokenizer {
     /// Loads a tokenizer.json and compiles `chat_template` when given.
     pub fn from_files(tokenizer_json: &Path, chat_template: Option<String>) -> Result<Self> {
         let text = crate::input::read_string(tokenizer_json, &crate::input::TOKENIZER)?;
-        let mut full = Tokenizer::from_str(&text).map_err(|e| {
-            anyhow!(
-                "{} is not a usable tokenizer: {e}",
-                tokenizer_json.display()
-            )
-        })?;
+        Self::from_json(&text, &tokenizer_json.display().to_string(), chat_template)
+    }
+
+    /// A tokenizer.json's text; `origin` names it in errors (a path, or the GGUF file it was
+    /// rebuilt from).
+    pub fn from_json(text: &str, origin: &str, chat_template: Option<String>) -> Result<Self> {
+        let mut full = Tokenizer::from_str(text).map_err(|e| anyhow!("{origin} is not a usable tokenizer: {e}"))?;
         // The plain tokenizer shares the model and pipeline but knows no added tokens, so data
         // text is only ever BPE-split. (Cloning the parts is much faster than re-parsing.)
         let mut plain = Tokenizer::new(full.get_model().clone());
@@ -111,7 +112,7 @@ impl ChatTokenizer {
         // Silent truncation or padding would corrupt prompts; we never want either.
         for t in [&mut full, &mut plain] {
             t.with_truncation(None)
-                .map_err(|e| anyhow!("{}: disabling truncation: {e}", tokenizer_json.display()))?;
+                .map_err(|e| anyhow!("{origin}: disabling truncation: {e}"))?;
             t.with_padding(None);
         }
 
@@ -138,16 +139,13 @@ impl ChatTokenizer {
             })
         };
         let special = lookup().map_err(|missing| {
-            anyhow!(
-                "{}: the Qwen2-VL special token {missing} is not in the vocabulary",
-                tokenizer_json.display()
-            )
+            anyhow!("{origin}: the Qwen2-VL special token {missing} is not in the vocabulary")
         })?;
         let template = match chat_template {
             Some(src) => Some(
                 ChatTemplate::new(&src)
-                    .with_context(|| format!("chat template for {}", tokenizer_json.display()))?
-                    .with_origin(format!("the chat template beside {}", tokenizer_json.display())),
+                    .with_context(|| format!("chat template for {origin}"))?
+                    .with_origin(format!("the chat template of {origin}")),
             ),
             None => None,
         };

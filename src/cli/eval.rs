@@ -94,6 +94,9 @@ pub struct EvalArgs {
     /// With --quant, quantize the vision tower too.
     #[arg(long, requires = "quant")]
     pub quant_vision: bool,
+    /// The vision projector (mmproj-*.gguf) of a GGUF model, when it is not beside it.
+    #[arg(long)]
+    pub mmproj: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
     #[command(flatten)]
@@ -155,6 +158,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
         dtype: a.dtype.clone(),
         quant: a.quant.clone(),
         quant_vision: a.quant_vision,
+        mmproj: a.mmproj.clone(),
     };
     let model = &model;
     let (items, report) = data.load()?;

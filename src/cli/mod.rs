@@ -60,9 +60,13 @@ impl EngineArgs {
 
 #[derive(Args)]
 pub struct ModelArgs {
-    /// Hugging Face repo id (uses the hub cache; HF_HOME / HF_HUB_OFFLINE=1 honoured) or a local directory.
+    /// Hugging Face repo id (uses the hub cache; HF_HOME / HF_HUB_OFFLINE=1 honoured), a local
+    /// directory, or a llama.cpp GGUF file (or a directory of them, with its mmproj-*.gguf).
     #[arg(long)]
     pub model: String,
+    /// The vision projector (mmproj-*.gguf) of a GGUF model, when it is not beside the model.
+    #[arg(long)]
+    pub mmproj: Option<std::path::PathBuf>,
     #[arg(long)]
     pub revision: Option<String>,
     /// cpu, cuda or cuda:N.
@@ -118,8 +122,18 @@ pub fn device_and_dtype(device: &str, dtype: Option<&str>) -> Result<(candle_cor
 pub fn load_checkpoint(m: &ModelArgs) -> Result<Checkpoint> {
     let (device, dtype) = device_and_dtype(&m.device, m.dtype.as_deref())?;
     let quant = m.quant.as_deref().map(merg::weights::Quant::parse).transpose().map_err(|e| anyhow::anyhow!("--quant: {e:#}"))?;
+    let opts = merg::checkpoint::LoadOptions { dtype, quant, quant_vision: m.quant_vision };
+    if let Some(paths) = merg::gguf::resolve(&m.model, m.mmproj.as_deref()).map_err(|e| anyhow::anyhow!("--model: {e:#}"))? {
+        return Checkpoint::load_gguf(&paths, &device, &opts).map_err(|e| match e.to_string().contains("already quantized") {
+            true => anyhow::anyhow!("--quant: {e:#}"),
+            false => e,
+        });
+    }
+    if let Some(p) = &m.mmproj {
+        anyhow::bail!("--mmproj {}: only a GGUF model takes a separate vision projector; {} is not one", p.display(), m.model);
+    }
     let files = merg::hub::resolve(&m.model, m.revision.as_deref())?;
-    Checkpoint::load_with(files, &device, &merg::checkpoint::LoadOptions { dtype, quant, quant_vision: m.quant_vision })
+    Checkpoint::load_with(files, &device, &opts)
 }
 
 /// An engine error with the flag that addresses it, for the terminal.

@@ -48,6 +48,13 @@ impl std::fmt::Debug for ConstraintFactory {
     }
 }
 
+/// Where a checkpoint's tokenizer.json is: a file, or text rebuilt from a GGUF file.
+#[derive(Clone, Debug)]
+pub enum TokenizerJson {
+    File(std::path::PathBuf),
+    Text { origin: String, text: std::sync::Arc<str> },
+}
+
 impl ConstraintFactory {
     /// Builds the token trie from a HF `tokenizer.json`. `stop_token` ends every constrained
     /// output (Qwen: `<|im_end|>`); it must be a special token of that tokenizer.
@@ -56,8 +63,21 @@ impl ConstraintFactory {
     /// we hand it bytes rather than our `Tokenizer` object.
     pub fn from_tokenizer_json(path: &Path, stop_token: u32) -> Result<Self> {
         let bytes = crate::input::read(path, &crate::input::TOKENIZER)?;
-        let mut byte_tok = ByteTokenizer::from_json_bytes(&bytes)
-            .with_context(|| format!("building the llguidance byte tokenizer from {}", path.display()))?;
+        Self::from_json_bytes(&bytes, &path.display().to_string(), stop_token)
+    }
+
+    /// As `from_tokenizer_json`, from the tokenizer.json `source` names.
+    pub fn from_source(source: &TokenizerJson, stop_token: u32) -> Result<Self> {
+        match source {
+            TokenizerJson::File(p) => Self::from_tokenizer_json(p, stop_token),
+            TokenizerJson::Text { origin, text } => Self::from_json_bytes(text.as_bytes(), origin, stop_token),
+        }
+    }
+
+    fn from_json_bytes(bytes: &[u8], origin: &str, stop_token: u32) -> Result<Self> {
+        let path = std::path::Path::new(origin);
+        let mut byte_tok = ByteTokenizer::from_json_bytes(bytes)
+            .with_context(|| format!("building the llguidance byte tokenizer from {origin}"))?;
         let tokenizer_vocab = byte_tok.tokrx_info().vocab_size as usize;
         // set_eos_token asserts the range; check first so a bad id is an error, not a panic.
         if stop_token as usize >= tokenizer_vocab {

@@ -118,13 +118,13 @@ pub struct Engine {
 impl Engine {
     pub fn new(ckpt: Checkpoint, cfg: EngineConfig) -> anyhow::Result<Self> {
         let model = ckpt.model.clone();
-        let origin = ckpt.files.as_ref().map(|f| f.source.clone()).unwrap_or_else(|| "with dummy weights".into());
+        let origin = ckpt.origin();
         let spec = model.spec();
         let n = num_blocks_for(&cfg.kv_memory, spec, cfg.block_size, model.dtype(), model.device())?;
         let pool = KvPool::new(spec, n, cfg.block_size, model.dtype(), model.device()).context("allocating the KV pool")?;
         let max_context = cfg.max_context.unwrap_or(spec.max_context);
         let vision_cache = Arc::new(Mutex::new(VisionCache::new(cfg.vision_cache_entries)));
-        let preparer = RequestPreparer::new(ckpt.processor.clone(), vision_cache.clone(), ckpt.tokenizer_file(), max_context);
+        let preparer = RequestPreparer::new(ckpt.processor.clone(), vision_cache.clone(), ckpt.tokenizer_json.clone(), max_context);
         // K/V blocks alone cannot restore a recurrent layer's state: a hybrid model's cached
         // prefixes also need its state snapshots (kept only while prefix caching is on).
         let (states, scheduler_cfg) = state_budget(&cfg, spec, n as u64 * crate::engine::kv_pool::bytes_per_block(spec, cfg.block_size, model.dtype()))?;

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::constraint::ConstraintFactory;
+use super::constraint::{ConstraintFactory, TokenizerJson};
 use super::error::{EngineError, EngineResult};
 use super::vision_cache::{content_hash, lock, VisionCache};
 use crate::chat::Message;
@@ -63,7 +63,7 @@ pub struct RequestPreparer {
     /// Shared with the engine: lets the caller skip preprocessing a cached item.
     vision_cache: Arc<Mutex<VisionCache>>,
     /// The tokenizer.json JSON schemas compile from, and the factory once built.
-    tokenizer_file: Option<std::path::PathBuf>,
+    tokenizer_json: Option<TokenizerJson>,
     constraints: Arc<OnceLock<Arc<ConstraintFactory>>>,
     max_context: usize,
 }
@@ -72,10 +72,10 @@ impl RequestPreparer {
     pub(crate) fn new(
         processor: Processor,
         vision_cache: Arc<Mutex<VisionCache>>,
-        tokenizer_file: Option<std::path::PathBuf>,
+        tokenizer_json: Option<TokenizerJson>,
         max_context: usize,
     ) -> Self {
-        RequestPreparer { processor, vision_cache, tokenizer_file, constraints: Arc::new(OnceLock::new()), max_context }
+        RequestPreparer { processor, vision_cache, tokenizer_json, constraints: Arc::new(OnceLock::new()), max_context }
     }
 
     /// Context window requests are held to.
@@ -93,11 +93,11 @@ impl RequestPreparer {
         if let Some(f) = self.constraints.get() {
             return Ok(f.clone());
         }
-        let file = self.tokenizer_file.as_ref().ok_or_else(|| {
+        let source = self.tokenizer_json.as_ref().ok_or_else(|| {
             EngineError::bad("a JSON schema needs the checkpoint's tokenizer.json, and this engine has none")
         })?;
         let stop = self.processor.tokenizer.special().im_end;
-        let f = Arc::new(ConstraintFactory::from_tokenizer_json(file, stop).map_err(EngineError::internal)?);
+        let f = Arc::new(ConstraintFactory::from_source(source, stop).map_err(EngineError::internal)?);
         Ok(self.constraints.get_or_init(|| f).clone())
     }
 

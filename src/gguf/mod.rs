@@ -1,0 +1,156 @@
+//! Checkpoints in llama.cpp's GGUF files: a text model (`qwen2vl`, `qwen3vl`, `qwen3vlmoe`,
+//! `qwen35`) plus its vision projector (`mmproj-*.gguf`). The config comes from their metadata,
+//! the tokenizer and chat template from the metadata unless the HF tokenizer.json sits beside
+//! them, and the weights through `GgufWeights`, which keeps block-quantized linear weights in
+//! their blocks. See `names` for the tensor mapping.
+
+pub mod config;
+pub mod file;
+pub mod names;
+pub mod source;
+pub mod tokenizer;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+pub use file::{GgufFile, Header};
+pub use source::GgufWeights;
+
+/// The files of a GGUF checkpoint.
+#[derive(Clone, Debug)]
+pub struct GgufPaths {
+    pub text: PathBuf,
+    pub mmproj: Option<PathBuf>,
+}
+
+fn is_gguf(p: &Path) -> bool {
+    p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+fn is_mmproj(p: &Path) -> bool {
+    p.file_name().is_some_and(|n| n.to_string_lossy().to_ascii_lowercase().starts_with("mmproj"))
+}
+
+fn names(v: &[PathBuf]) -> String {
+    crate::weights::file_names(v)
+}
+
+/// Whether `model` names a GGUF checkpoint (a `.gguf` file, or a directory with GGUF files
+/// and no config.json), and its files; `mmproj` overrides the projector found beside it.
+pub fn resolve(model: &str, mmproj: Option<&Path>) -> Result<Option<GgufPaths>> {
+    let path = Path::new(model);
+    let (text, dir) = if path.is_file() && is_gguf(path) {
+        if is_mmproj(path) {
+            bail!("{model} is a vision projector (mmproj) file; give the text model's .gguf as the model and this file as the projector");
+        }
+        (path.to_path_buf(), path.parent().map(Path::to_path_buf).unwrap_or_default())
+    } else if path.is_dir() && !path.join("config.json").is_file() {
+        let mut ggufs: Vec<PathBuf> = std::fs::read_dir(path)
+            .with_context(|| format!("cannot list {model}"))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file() && is_gguf(p))
+            .collect();
+        ggufs.sort();
+        let texts: Vec<PathBuf> = ggufs.iter().filter(|p| !is_mmproj(p)).cloned().collect();
+        match texts.len() {
+            0 if ggufs.is_empty() => return Ok(None),
+            0 => bail!("{model} holds only vision projector files ({}), no text model .gguf", names(&ggufs)),
+            1 => (texts[0].clone(), path.to_path_buf()),
+            _ => bail!("{model} holds several GGUF text models ({}): give the file to use as the model", names(&texts)),
+        }
+    } else {
+        return Ok(None);
+    };
+    let mmproj = match mmproj {
+        Some(p) => {
+            crate::input::regular_file(p, &crate::input::WEIGHTS)?;
+            Some(p.to_path_buf())
+        }
+        None => {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file() && is_gguf(p) && is_mmproj(p)).collect())
+                .unwrap_or_default();
+            found.sort();
+            match found.len() {
+                0 => None,
+                1 => found.pop(),
+                _ => bail!("{} holds several vision projectors ({}): name the one to use", dir.display(), names(&found)),
+            }
+        }
+    };
+    Ok(Some(GgufPaths { text, mmproj }))
+}
+
+/// What `open` reads: the model's config, its weights and its tokenizer.
+pub struct Opened {
+    pub config: Value,
+    pub weights: GgufWeights,
+    /// tokenizer.json text: the file beside the GGUF when present, else rebuilt from metadata.
+    pub tokenizer_json: String,
+    /// Where the tokenizer came from, for messages.
+    pub tokenizer_origin: String,
+    pub chat_template: Option<String>,
+    /// Whether any tensor is stored in a block-quantized format.
+    pub quantized: bool,
+}
+
+/// Opens and checks a GGUF checkpoint.
+pub fn open(paths: &GgufPaths) -> Result<Opened> {
+    let text = GgufFile::open(&paths.text)?;
+    let arch_name = text.architecture()?;
+    let Some(arch) = names::Arch::parse(&arch_name) else {
+        if arch_name == "clip" {
+            bail!("{} is a vision projector (mmproj) file, not a text model", text.name());
+        }
+        bail!("{}: architecture {arch_name:?} is not one merg runs (it reads {})", text.name(), names::Arch::NAMES);
+    };
+    let Some(mm_path) = &paths.mmproj else {
+        bail!(
+            "{} holds only the language model; merg needs its vision projector too: put the matching mmproj-*.gguf beside it or name it",
+            text.name()
+        );
+    };
+    let mm = GgufFile::open(mm_path)?;
+    if mm.architecture()? != "clip" {
+        bail!("{} is a {} model, not a vision projector (mmproj) file", mm.name(), mm.architecture()?);
+    }
+    let dir = paths.text.parent().unwrap_or(Path::new("."));
+    let beside = dir.join("tokenizer.json");
+    let (tokenizer_json, tokenizer_origin) = if beside.is_file() {
+        (crate::input::read_string(&beside, &crate::input::TOKENIZER)?, beside.display().to_string())
+    } else {
+        (tokenizer::tokenizer_json(&text)?, format!("the tokenizer in {}", text.name()))
+    };
+    let chat_template = match crate::chat::find_chat_template(dir)? {
+        Some(t) if beside.is_file() => Some(t),
+        _ => tokenizer::chat_template(&text),
+    };
+    let ids = config::TokenIds {
+        image: tokenizer::token_id(&text, "<|image_pad|>")?,
+        video: tokenizer::token_id(&text, "<|video_pad|>")?,
+        vision_start: tokenizer::token_id(&text, "<|vision_start|>")?,
+        vision_end: tokenizer::token_id(&text, "<|vision_end|>")?,
+        eos: text.meta("tokenizer.ggml.eos_token_id").and_then(|v| v.to_u32().ok()),
+    };
+    let config = config::config(&text, &mm, arch, &ids)?;
+    let heads = linear_heads(&config);
+    let deepstack = config["vision_config"]["deepstack_visual_indexes"]
+        .as_array()
+        .map(|v| v.iter().filter_map(Value::as_u64).map(|x| x as usize).collect())
+        .unwrap_or_default();
+    let quantized = [&text, &mm].iter().any(|f| f.header.tensors.values().any(|t| t.dtype.block_size() > 1));
+    Ok(Opened { config, weights: GgufWeights::new(text, Some(mm), arch, heads, deepstack), tokenizer_json, tokenizer_origin, chat_template, quantized })
+}
+
+fn linear_heads(config: &Value) -> names::Heads {
+    let t = config.get("text_config").unwrap_or(config);
+    let n = |k: &str| t.get(k).and_then(Value::as_u64).unwrap_or(0) as usize;
+    names::Heads {
+        key_heads: n("linear_num_key_heads"),
+        value_heads: n("linear_num_value_heads"),
+        key_dim: n("linear_key_head_dim"),
+        value_dim: n("linear_value_head_dim"),
+    }
+}

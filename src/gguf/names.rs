@@ -1,0 +1,301 @@
+//! Where a transformers tensor lives in llama.cpp's files, and how to undo what llama.cpp's
+//! converter (`convert_hf_to_gguf.py`, `conversion/qwen*.py`) did to it. Model code asks for
+//! transformers names; this module answers with the GGUF tensor(s) and the inverse transform.
+//! tests/fixtures/gguf/MAPPING.md lists the converter's side of every row.
+
+/// Which of the two files holds a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// The language model (`general.architecture` qwen2vl, qwen3vl, qwen3vlmoe, qwen35).
+    Text,
+    /// The vision projector (`mmproj-*.gguf`, architecture `clip`).
+    Vision,
+}
+
+/// How the stored tensor(s) become the transformers tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Layout {
+    /// Stored as is.
+    Same(String),
+    /// Concatenated along the first dimension (vision `attn.qkv`, split by the converter).
+    Rows(Vec<String>),
+    /// The temporal halves of a Conv3d patch embedding, stored as two Conv2d kernels.
+    Temporal(String, String),
+    /// Fused MoE `gate_up_proj` `[E, hidden, 2·inter]` from `ffn_gate_exps` and `ffn_up_exps`
+    /// (each `[E, inter, hidden]`).
+    GateUp(String, String),
+    /// Fused MoE `down_proj` `[E, inter, hidden]` from `ffn_down_exps` `[E, hidden, inter]`.
+    Swap12(String),
+}
+
+/// A value transform applied after the layout (Qwen3.5's converter changes values).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value {
+    /// The converter stored `w + 1` (zero-centred RMSNorm weights).
+    MinusOne,
+    /// The converter stored `-exp(A_log)`.
+    LogNeg,
+}
+
+/// Qwen3.5's converter moves value heads from grouped-by-key-head to tiled order when there
+/// are more value than key heads; undoing it is a permutation of rows or columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Untile {
+    /// Rows (0) or columns (1).
+    pub dim: usize,
+    /// Leading entries along `dim` that are not value heads (q and k in `in_proj_qkv`).
+    pub skip: usize,
+    pub key_heads: usize,
+    pub per_key: usize,
+    /// Entries per value head along `dim`.
+    pub head: usize,
+}
+
+impl Untile {
+    /// For each transformers index along the dimension, the stored index.
+    pub fn source_index(&self, len: usize) -> Vec<usize> {
+        (0..len)
+            .map(|i| {
+                if i < self.skip {
+                    return i;
+                }
+                let j = i - self.skip;
+                let (g, rest) = (j / (self.per_key * self.head), j % (self.per_key * self.head));
+                let (v, d) = (rest / self.head, rest % self.head);
+                // transformers: [key head g][value v][d]; stored: [value v][key head g][d].
+                self.skip + (v * self.key_heads + g) * self.head + d
+            })
+            .collect()
+    }
+}
+
+/// A located tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Located {
+    pub part: Part,
+    pub layout: Layout,
+    pub value: Option<Value>,
+    pub untile: Option<Untile>,
+    /// Conv1d kernels stored without their middle dimension (`[C, K]` for `[C, 1, K]`).
+    pub unsqueeze1: bool,
+}
+
+/// Linear-attention head counts (Qwen3.5), for undoing the value-head reordering.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Heads {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+}
+
+/// The text architecture, as `general.architecture` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Qwen2Vl,
+    Qwen3Vl,
+    Qwen3VlMoe,
+    Qwen35,
+}
+
+impl Arch {
+    pub fn parse(s: &str) -> Option<Arch> {
+        Some(match s {
+            "qwen2vl" => Arch::Qwen2Vl,
+            "qwen3vl" => Arch::Qwen3Vl,
+            "qwen3vlmoe" => Arch::Qwen3VlMoe,
+            "qwen35" => Arch::Qwen35,
+            _ => return None,
+        })
+    }
+
+    pub const NAMES: &'static str = "qwen2vl, qwen3vl, qwen3vlmoe, qwen35";
+}
+
+fn same(part: Part, name: String) -> Located {
+    Located { part, layout: Layout::Same(name), value: None, untile: None, unsqueeze1: false }
+}
+
+/// Strips the transformers prefixes (hub layout `model.` / `visual.`, newer layout
+/// `model.language_model.` / `model.visual.`) to a canonical `model.…` / `visual.…`.
+fn canonical(name: &str) -> String {
+    if let Some(rest) = name.strip_prefix("model.language_model.") {
+        format!("model.{rest}")
+    } else if let Some(rest) = name.strip_prefix("model.visual.") {
+        format!("visual.{rest}")
+    } else {
+        name.to_string()
+    }
+}
+
+/// Where transformers tensor `name` is, for a text file of `arch` (and Qwen3.5's heads).
+pub fn locate(name: &str, arch: Arch, heads: Heads, has_output: bool) -> Option<Located> {
+    let name = canonical(name);
+    if let Some(rest) = name.strip_prefix("visual.") {
+        return locate_vision(rest);
+    }
+    let qwen35 = arch == Arch::Qwen35;
+    let mut loc = match name.as_str() {
+        "model.embed_tokens.weight" => same(Part::Text, "token_embd.weight".into()),
+        "lm_head.weight" if has_output => same(Part::Text, "output.weight".into()),
+        "model.norm.weight" => same(Part::Text, "output_norm.weight".into()),
+        _ => {
+            let rest = name.strip_prefix("model.layers.")?;
+            let (layer, leaf) = rest.split_once('.')?;
+            let layer: usize = layer.parse().ok()?;
+            return locate_layer(layer, leaf, arch, heads);
+        }
+    };
+    if qwen35 && name == "model.norm.weight" {
+        loc.value = Some(Value::MinusOne);
+    }
+    Some(loc)
+}
+
+fn locate_layer(i: usize, leaf: &str, arch: Arch, h: Heads) -> Option<Located> {
+    let blk = |s: &str| format!("blk.{i}.{s}");
+    let (stem, suffix) = leaf.rsplit_once('.')?;
+    let qwen35 = arch == Arch::Qwen35;
+    let renamed = match stem {
+        "input_layernorm" => "attn_norm",
+        // Qwen3.5's arch lists ATTN_POST_NORM, the others FFN_NORM, for the same tensor.
+        "post_attention_layernorm" if qwen35 => "post_attention_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        "mlp.gate" => "ffn_gate_inp",
+        "mlp.experts" if leaf == "mlp.experts.gate_up_proj" => {
+            let l = Layout::GateUp(blk("ffn_gate_exps.weight"), blk("ffn_up_exps.weight"));
+            return Some(Located { part: Part::Text, layout: l, value: None, untile: None, unsqueeze1: false });
+        }
+        "mlp.experts" if leaf == "mlp.experts.down_proj" => {
+            let l = Layout::Swap12(blk("ffn_down_exps.weight"));
+            return Some(Located { part: Part::Text, layout: l, value: None, untile: None, unsqueeze1: false });
+        }
+        _ if qwen35 => return locate_linear_attn(i, stem, suffix, h),
+        _ => return None,
+    };
+    let mut loc = same(Part::Text, blk(&format!("{renamed}.{suffix}")));
+    if qwen35 && stem.ends_with("norm") {
+        loc.value = Some(Value::MinusOne);
+    }
+    Some(loc)
+}
+
+/// Qwen3.5's Gated DeltaNet tensors (`linear_attn.*`).
+fn locate_linear_attn(i: usize, stem: &str, suffix: &str, h: Heads) -> Option<Located> {
+    let blk = |s: &str| format!("blk.{i}.{s}");
+    let per_key = if h.key_heads == 0 { 1 } else { h.value_heads / h.key_heads };
+    let untile = |dim, skip, head| (per_key > 1).then_some(Untile { dim, skip, key_heads: h.key_heads, per_key, head });
+    let (stored, untile, value, unsqueeze1) = match (stem, suffix) {
+        ("linear_attn.in_proj_qkv", _) => ("attn_qkv.weight".to_string(), untile(0, 2 * h.key_heads * h.key_dim, h.value_dim), None, false),
+        ("linear_attn.in_proj_z", _) => ("attn_gate.weight".into(), untile(0, 0, h.value_dim), None, false),
+        ("linear_attn.in_proj_b", _) => ("ssm_beta.weight".into(), untile(0, 0, 1), None, false),
+        ("linear_attn.in_proj_a", _) => ("ssm_alpha.weight".into(), untile(0, 0, 1), None, false),
+        ("linear_attn", "A_log") => ("ssm_a".into(), untile(0, 0, 1), Some(Value::LogNeg), false),
+        ("linear_attn", "dt_bias") => ("ssm_dt.bias".into(), untile(0, 0, 1), None, false),
+        ("linear_attn.conv1d", _) => ("ssm_conv1d.weight".into(), untile(0, 2 * h.key_heads * h.key_dim, h.value_dim), None, true),
+        ("linear_attn.norm", _) => ("ssm_norm.weight".into(), None, None, false),
+        ("linear_attn.out_proj", _) => ("ssm_out.weight".into(), untile(1, 0, h.value_dim), None, false),
+        _ => return None,
+    };
+    Some(Located { part: Part::Text, layout: Layout::Same(blk(&stored)), value, untile, unsqueeze1 })
+}
+
+/// The vision tower (`visual.` stripped), as the mmproj converters write it.
+fn locate_vision(rest: &str) -> Option<Located> {
+    let v = |s: String| Some(same(Part::Vision, s));
+    match rest {
+        "patch_embed.proj.weight" => {
+            let l = Layout::Temporal("v.patch_embd.weight".into(), "v.patch_embd.weight.1".into());
+            return Some(Located { part: Part::Vision, layout: l, value: None, untile: None, unsqueeze1: false });
+        }
+        "patch_embed.proj.bias" => return v("v.patch_embd.bias".into()),
+        "pos_embed.weight" => return v("v.position_embd.weight".into()),
+        _ => {}
+    }
+    if let Some(m) = rest.strip_prefix("merger.") {
+        let (stem, suffix) = m.rsplit_once('.')?;
+        let s = match stem {
+            "ln_q" | "norm" => "v.post_ln",
+            "mlp.0" | "linear_fc1" => "mm.0",
+            "mlp.2" | "linear_fc2" => "mm.2",
+            _ => return None,
+        };
+        return v(format!("{s}.{suffix}"));
+    }
+    if let Some(d) = rest.strip_prefix("deepstack_merger_list.") {
+        // The converter names DeepStack mergers by the tower layer they read; the caller maps
+        // the merger's list index to that layer (see `GgufWeights`).
+        let (idx, tail) = d.split_once('.')?;
+        let (stem, suffix) = tail.rsplit_once('.')?;
+        let s = match stem {
+            "norm" => "norm",
+            "linear_fc1" => "fc1",
+            "linear_fc2" => "fc2",
+            _ => return None,
+        };
+        return v(format!("v.deepstack.@{idx}.{s}.{suffix}"));
+    }
+    let b = rest.strip_prefix("blocks.")?;
+    let (i, leaf) = b.split_once('.')?;
+    let i: usize = i.parse().ok()?;
+    let (stem, suffix) = leaf.rsplit_once('.')?;
+    let blk = |s: &str| format!("v.blk.{i}.{s}.{suffix}");
+    let s = match stem {
+        "norm1" => "ln1",
+        "norm2" => "ln2",
+        "attn.proj" => "attn_out",
+        "mlp.fc1" | "mlp.up_proj" | "mlp.linear_fc1" => "ffn_up",
+        "mlp.fc2" | "mlp.down_proj" | "mlp.linear_fc2" => "ffn_down",
+        "mlp.gate_proj" => "ffn_gate",
+        // Qwen2/2.5-VL's converter splits qkv; Qwen3-VL's keeps it (`attn_qkv`). The source
+        // tries the fused name first.
+        "attn.qkv" => {
+            let l = Layout::Rows(vec![blk("attn_qkv"), blk("attn_q"), blk("attn_k"), blk("attn_v")]);
+            return Some(Located { part: Part::Vision, layout: l, value: None, untile: None, unsqueeze1: false });
+        }
+        _ => return None,
+    };
+    v(blk(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_names_follow_the_converter() {
+        let h = Heads::default();
+        let l = |n| locate(n, Arch::Qwen2Vl, h, false).map(|l| l.layout);
+        assert_eq!(l("model.layers.3.self_attn.q_proj.bias"), Some(Layout::Same("blk.3.attn_q.bias".into())));
+        assert_eq!(l("model.language_model.layers.0.post_attention_layernorm.weight"), Some(Layout::Same("blk.0.ffn_norm.weight".into())));
+        assert_eq!(l("lm_head.weight"), None, "tied: the model falls back to the embedding");
+        assert_eq!(l("visual.merger.mlp.2.bias"), Some(Layout::Same("mm.2.bias".into())));
+        assert_eq!(l("model.visual.blocks.1.mlp.linear_fc2.weight"), Some(Layout::Same("v.blk.1.ffn_down.weight".into())));
+        let n = locate("model.layers.0.input_layernorm.weight", Arch::Qwen35, h, true).unwrap();
+        assert_eq!(n.value, Some(Value::MinusOne));
+        let n = locate("model.layers.0.linear_attn.norm.weight", Arch::Qwen35, h, true).unwrap();
+        assert_eq!((n.layout, n.value), (Layout::Same("blk.0.ssm_norm.weight".into()), None));
+    }
+
+    /// The inverse of the converter's `_reorder_v_heads`: 2 key heads, 3 values each.
+    #[test]
+    fn untile_inverts_the_reorder() {
+        let u = Untile { dim: 0, skip: 2, key_heads: 2, per_key: 3, head: 1 };
+        // Converter: grouped [g0v0 g0v1 g0v2 g1v0 g1v1 g1v2] → tiled [g0v0 g1v0 g0v1 g1v1 g0v2 g1v2].
+        let grouped = ["g0v0", "g0v1", "g0v2", "g1v0", "g1v1", "g1v2"];
+        let tiled = ["q", "k", "g0v0", "g1v0", "g0v1", "g1v1", "g0v2", "g1v2"];
+        let idx = u.source_index(8);
+        let back: Vec<_> = idx.iter().map(|&i| tiled[i]).collect();
+        assert_eq!(&back[2..], &grouped);
+        assert_eq!(&back[..2], &["q", "k"]);
+    }
+}

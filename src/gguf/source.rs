@@ -1,0 +1,161 @@
+//! GGUF files as a `WeightSource`: model code asks for transformers names, `names::locate`
+//! says where llama.cpp put them, and this file reads and un-transforms them. Linear weights
+//! stored in a block format come out as candle quantized tensors, untouched (rows permuted
+//! where Qwen3.5's converter reordered them), so the matmuls run on the file's own blocks.
+//! Everything else is dequantized to the compute dtype.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{ggml_file, GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor, D};
+
+use super::file::GgufFile;
+use super::names::{self, Arch, Heads, Layout, Located, Part, Untile, Value};
+use crate::weights::{Expect, WeightSource};
+
+pub struct GgufWeights {
+    text: GgufFile,
+    vision: Option<GgufFile>,
+    arch: Arch,
+    heads: Heads,
+    /// The tower layers the DeepStack mergers read, in merger order.
+    deepstack: Vec<usize>,
+}
+
+fn is_float(t: GgmlDType) -> bool {
+    matches!(t, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
+}
+
+impl GgufWeights {
+    pub fn new(text: GgufFile, vision: Option<GgufFile>, arch: Arch, heads: Heads, deepstack: Vec<usize>) -> Self {
+        GgufWeights { text, vision, arch, heads, deepstack }
+    }
+
+    fn file(&self, part: Part) -> Option<&GgufFile> {
+        match part {
+            Part::Text => Some(&self.text),
+            Part::Vision => self.vision.as_ref(),
+        }
+    }
+
+    /// The location of `name` with every stored tensor it needs present.
+    fn find(&self, name: &str) -> Option<(Located, Vec<String>)> {
+        let mut loc = names::locate(name, self.arch, self.heads, self.text.info("output.weight").is_some())?;
+        let file = self.file(loc.part)?;
+        if let Layout::Same(s) = &loc.layout {
+            if let Some(rest) = s.strip_prefix("v.deepstack.@") {
+                let (idx, tail) = rest.split_once('.')?;
+                let layer = self.deepstack.get(idx.parse::<usize>().ok()?)?;
+                loc.layout = Layout::Same(format!("v.deepstack.{layer}.{tail}"));
+            }
+        }
+        let parts = match &loc.layout {
+            Layout::Same(s) | Layout::Swap12(s) => vec![s.clone()],
+            Layout::Temporal(a, b) | Layout::GateUp(a, b) => vec![a.clone(), b.clone()],
+            // The fused name when the converter kept it, else the three parts.
+            Layout::Rows(v) if file.info(&v[0]).is_some() => vec![v[0].clone()],
+            Layout::Rows(v) => v[1..].to_vec(),
+        };
+        parts.iter().all(|p| file.info(p).is_some()).then_some((loc, parts))
+    }
+
+    fn dense(&self, file: &GgufFile, tensor: &str) -> candle_core::Result<Tensor> {
+        file.qtensor(tensor, &Device::Cpu)?.dequantize(&Device::Cpu)
+    }
+
+    /// The transformers tensor, in f32 on the host.
+    fn load(&self, loc: &Located, parts: &[String]) -> candle_core::Result<Tensor> {
+        let file = self.file(loc.part).expect("found");
+        let t = match &loc.layout {
+            Layout::Same(_) if parts.len() == 1 => self.dense(file, &parts[0])?,
+            Layout::Rows(_) | Layout::Same(_) => Tensor::cat(&parts.iter().map(|p| self.dense(file, p)).collect::<candle_core::Result<Vec<_>>>()?, 0)?,
+            Layout::Temporal(..) => Tensor::stack(&[self.dense(file, &parts[0])?, self.dense(file, &parts[1])?], 2)?,
+            Layout::GateUp(..) => {
+                let g = self.dense(file, &parts[0])?.transpose(1, 2)?;
+                let u = self.dense(file, &parts[1])?.transpose(1, 2)?;
+                Tensor::cat(&[g, u], D::Minus1)?.contiguous()?
+            }
+            Layout::Swap12(_) => self.dense(file, &parts[0])?.transpose(1, 2)?.contiguous()?,
+        };
+        let t = match loc.untile {
+            Some(u) => untile(&t, u)?,
+            None => t,
+        };
+        let t = match loc.value {
+            Some(Value::MinusOne) => (t - 1.0)?,
+            Some(Value::LogNeg) => t.neg()?.log()?,
+            None => t,
+        };
+        if loc.unsqueeze1 {
+            t.unsqueeze(1)
+        } else {
+            Ok(t)
+        }
+    }
+}
+
+/// Undoes Qwen3.5's value-head reordering along `u.dim`.
+fn untile(t: &Tensor, u: Untile) -> candle_core::Result<Tensor> {
+    let idx: Vec<u32> = u.source_index(t.dim(u.dim)?).into_iter().map(|i| i as u32).collect();
+    let idx = Tensor::new(idx, t.device())?;
+    t.index_select(&idx, u.dim)
+}
+
+/// A quantized tensor's rows permuted (blocks never cross rows, so whole rows move).
+fn permute_rows(q: &QTensor, u: Untile, dev: &Device) -> candle_core::Result<QTensor> {
+    let dims = q.shape().dims().to_vec();
+    let data = q.data()?;
+    let row = data.len() / dims[0];
+    let mut out = Vec::with_capacity(data.len());
+    for src in u.source_index(dims[0]) {
+        out.extend_from_slice(&data[src * row..(src + 1) * row]);
+    }
+    ggml_file::qtensor_from_ggml(q.dtype(), &out, dims, dev)
+}
+
+impl WeightSource for GgufWeights {
+    fn describe(&self) -> String {
+        match &self.vision {
+            Some(v) => format!("{}, {}", self.text.name(), v.name()),
+            None => self.text.name(),
+        }
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.find(name).is_some()
+    }
+
+    fn tensor(&self, name: &str, expect: Option<Expect>, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let Some((loc, parts)) = self.find(name) else {
+            let file = names::locate(name, self.arch, self.heads, true).map(|l| l.part);
+            let wher = match file.and_then(|p| self.file(p)) {
+                Some(f) => f.name(),
+                None if file == Some(Part::Vision) => "the vision projector (no mmproj file was given)".into(),
+                None => self.describe(),
+            };
+            candle_core::bail!("cannot find tensor {name} in {wher}")
+        };
+        let t = self.load(&loc, &parts)?;
+        if let Some(e) = expect {
+            if t.shape() != e.shape {
+                candle_core::bail!("shape mismatch for {name} ({}), expected {:?}, got {:?}", parts.join(" + "), e.shape, t.shape());
+            }
+        }
+        t.to_dtype(dtype)?.to_device(dev)
+    }
+
+    fn quantized(&self, name: &str, _expect: Option<Expect>, dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {
+        let (loc, parts) = self.find(name)?;
+        let file = self.file(loc.part)?;
+        let dtype = file.info(&parts[0])?.dtype;
+        if is_float(dtype) || !matches!(loc.layout, Layout::Same(_)) || loc.value.is_some() || loc.unsqueeze1 {
+            return None;
+        }
+        match loc.untile {
+            None => Some(file.qtensor(&parts[0], dev).map(Arc::new)),
+            Some(u) if u.dim == 0 => Some(file.qtensor(&parts[0], &Device::Cpu).and_then(|q| permute_rows(&q, u, dev)).map(Arc::new)),
+            // Columns cross blocks: dequantized (dense) instead.
+            Some(_) => None,
+        }
+    }
+}
