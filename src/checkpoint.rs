@@ -119,7 +119,7 @@ impl Checkpoint {
         let source = weights.describe();
         let model = models::load(&opened.config, weights).with_context(|| format!("loading the GGUF model {source}"))?;
         let tokenizer = ChatTokenizer::from_json(&opened.tokenizer_json, &opened.tokenizer_origin, opened.chat_template)?;
-        let processor = Processor::new(Arc::new(tokenizer), PreprocessorConfig::for_spec(model.spec()), model.spec());
+        let processor = Processor::new(Arc::new(tokenizer), opened.preprocessor.config(model.spec())?, model.spec());
         processor.check_ids(model.spec())?;
         let tokenizer_json = Some(TokenizerJson::Text { origin: opened.tokenizer_origin, text: opened.tokenizer_json.into() });
         Ok(Checkpoint { model, processor, files: None, gguf: Some(paths.clone()), quant_stats, tokenizer_json })

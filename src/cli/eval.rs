@@ -202,6 +202,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     let scorers = load_scorers(&spec, &model.device)?;
     let prompts = pipeline.prompts()?;
     let engine = Engine::new(load_checkpoint(model)?, a.engine.config()?)?;
+    eprintln!("{}", engine.kv_summary());
     if let Some(line) = engine.state_summary() {
         eprintln!("{line}");
     }

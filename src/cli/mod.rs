@@ -22,8 +22,10 @@ use merg::weights::parse_dtype;
 /// Paged-engine settings shared by the commands that run the engine.
 #[derive(Args)]
 pub struct EngineArgs {
-    /// KV pool size: a fraction of free memory (0.5), bytes (4GiB) or blocks:N.
-    #[arg(long, default_value = "0.3")]
+    /// KV pool size: auto (the memory plan: what the loaded model leaves free, less a 1.5 GiB
+    /// reserve and the recurrent states, capped at max-num-seqs × context), a fraction of
+    /// free memory (0.5), bytes (4GiB) or blocks:N.
+    #[arg(long, default_value = "auto")]
     kv_memory: String,
     #[arg(long, default_value_t = 16)]
     block_size: usize,

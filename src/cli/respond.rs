@@ -176,6 +176,7 @@ pub fn cmd_respond(a: RespondArgs) -> Result<()> {
         PathBuf::from(format!("{stem}.trace.json"))
     });
     let engine = Engine::new(load_checkpoint(&a.model)?, a.engine.config()?)?;
+    eprintln!("{}", engine.kv_summary());
     if let Some(line) = engine.state_summary() {
         eprintln!("{line}");
     }

@@ -77,6 +77,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     let ckpt = load_checkpoint(&a.model)?;
     let info = model_info(&ckpt);
     let engine = merg::engine::Engine::new(ckpt, EngineConfig { max_context: a.max_context, ..a.engine.config()? })?;
+    eprintln!("{}", engine.kv_summary());
     if let Some(line) = engine.state_summary() {
         eprintln!("{line}");
     }

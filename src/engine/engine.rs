@@ -41,7 +41,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             block_size: 16,
-            kv_memory: KvMemory::Fraction(0.5),
+            kv_memory: KvMemory::Auto,
             prefix_caching: true,
             scheduler: SchedulerConfig::default(),
             vision_cache_entries: 64,
@@ -120,7 +120,8 @@ impl Engine {
         let model = ckpt.model.clone();
         let origin = ckpt.origin();
         let spec = model.spec();
-        let n = num_blocks_for(&cfg.kv_memory, spec, cfg.block_size, model.dtype(), model.device())?;
+        let max_tokens = (cfg.scheduler.max_num_seqs as u64).saturating_mul(cfg.max_context.unwrap_or(spec.max_context) as u64);
+        let n = num_blocks_for(&cfg.kv_memory, spec, cfg.block_size, model.dtype(), model.device(), max_tokens)?;
         let pool = KvPool::new(spec, n, cfg.block_size, model.dtype(), model.device()).context("allocating the KV pool")?;
         let max_context = cfg.max_context.unwrap_or(spec.max_context);
         let vision_cache = Arc::new(Mutex::new(VisionCache::new(cfg.vision_cache_entries)));
@@ -183,6 +184,13 @@ impl Engine {
 
     /// Hybrid models: the recurrent-state budget in one line (slots, snapshot memory), for a
     /// start-up report; `None` for models without recurrent layers.
+    /// The KV pool's size, for start-up logs.
+    pub fn kv_summary(&self) -> String {
+        let (blocks, bs) = (self.bm.num_blocks(), self.pool.block_size);
+        let bytes = blocks as u64 * crate::engine::kv_pool::bytes_per_block(self.model.spec(), bs, self.model.dtype());
+        format!("KV cache: {blocks} blocks of {bs} tokens ({:.2} GiB, {} tokens)", bytes as f64 / (1u64 << 30) as f64, blocks * bs)
+    }
+
     pub fn state_summary(&self) -> Option<String> {
         let spec = self.model.spec();
         spec.has_recurrent_layers().then(|| {

@@ -24,6 +24,9 @@ pub struct KvPool {
 /// How much memory the pool may take.
 #[derive(Clone, Debug, PartialEq)]
 pub enum KvMemory {
+    /// The memory plan's share (`plan::auto_kv_bytes`): what the loaded model leaves free,
+    /// less a reserve and the recurrent states, capped at what the scheduler can ever use.
+    Auto,
     Bytes(u64),
     /// Fraction of the device's free memory (CUDA) or of available RAM (CPU).
     Fraction(f64),
@@ -51,13 +54,16 @@ impl std::str::FromStr for KvMemory {
     /// "0.5" (fraction), "4GiB", "512MiB", "1000000" (bytes), "blocks:64".
     fn from_str(s: &str) -> Result<Self> {
         let t = s.trim();
+        if t.eq_ignore_ascii_case("auto") {
+            return Ok(KvMemory::Auto);
+        }
         if let Some(n) = t.strip_prefix("blocks:") {
             return Ok(KvMemory::Blocks(n.parse().with_context(|| format!("KV memory {s:?}: bad block count"))?));
         }
         if let Some(b) = with_unit(t) {
             return Ok(KvMemory::Bytes(b.with_context(|| format!("KV memory {s:?}: bad number"))?));
         }
-        let v: f64 = t.parse().with_context(|| format!("KV memory {s:?}: use a fraction like 0.5, bytes like 4GiB, or blocks:N"))?;
+        let v: f64 = t.parse().with_context(|| format!("KV memory {s:?}: use auto, a fraction like 0.5, bytes like 4GiB, or blocks:N"))?;
         if v > 0.0 && v <= 1.0 {
             Ok(KvMemory::Fraction(v))
         } else if v > 1.0 {
@@ -74,10 +80,25 @@ pub fn bytes_per_block(spec: &ModelSpec, block_size: usize, dtype: DType) -> u64
 }
 
 
-pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype: DType, device: &Device) -> Result<usize> {
+/// `max_tokens`: the most tokens the scheduler could ever hold at once (sequences × context),
+/// which caps the automatic size.
+pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype: DType, device: &Device, max_tokens: u64) -> Result<usize> {
     // A model without attention layers needs no pool; one block keeps the bookkeeping uniform.
     let per = bytes_per_block(spec, block_size, dtype).max(1);
     let n = match mem {
+        KvMemory::Auto => {
+            let avail = crate::checkpoint::available_memory(device)?;
+            let per_token = per / block_size as u64;
+            let bytes = crate::plan::auto_kv_bytes(avail, crate::plan::DEFAULT_RESERVE, per_token, max_tokens, spec.has_recurrent_layers());
+            if bytes < per {
+                bail!(
+                    "after the model, {:.2} GiB are available; less a {:.1} GiB reserve nothing is left for the KV cache — free memory, or give the KV memory explicitly",
+                    avail as f64 / (1u64 << 30) as f64,
+                    crate::plan::DEFAULT_RESERVE as f64 / (1u64 << 30) as f64
+                );
+            }
+            ((bytes / per) as usize).max(1)
+        }
         KvMemory::Blocks(n) => *n,
         KvMemory::Bytes(b) => (*b / per) as usize,
         KvMemory::Fraction(f) => ((crate::checkpoint::available_memory(device)? as f64 * f) as u64 / per) as usize,
@@ -192,7 +213,11 @@ mod tests {
         let dense = spec(vec![LayerKind::Attention; 4]);
         assert_eq!(bytes_per_block(&dense, 16, DType::F32), 4 * bytes_per_block(&hybrid, 16, DType::F32));
         let mem = KvMemory::Bytes(bytes_per_block(&dense, 16, DType::F32) * 10);
-        assert_eq!(num_blocks_for(&mem, &hybrid, 16, DType::F32, &Device::Cpu).unwrap(), 40);
+        assert_eq!(num_blocks_for(&mem, &hybrid, 16, DType::F32, &Device::Cpu, u64::MAX).unwrap(), 40);
+        // Auto never exceeds what the scheduler could hold.
+        let per_token = bytes_per_block(&dense, 16, DType::F32) / 16;
+        assert_eq!("auto".parse::<KvMemory>().unwrap(), KvMemory::Auto);
+        assert_eq!(num_blocks_for(&KvMemory::Auto, &dense, 16, DType::F32, &Device::Cpu, 160).unwrap(), 10, "{per_token}");
         let pool = KvPool::new(&hybrid, 4, 16, DType::F32, &Device::Cpu).unwrap();
         assert_eq!(pool.num_layers(), 1);
         let (k, v) = (Tensor::ones((2, 2, 4), DType::F32, &Device::Cpu).unwrap(), Tensor::ones((2, 2, 4), DType::F32, &Device::Cpu).unwrap());

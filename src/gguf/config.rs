@@ -22,7 +22,9 @@ fn num(f: &GgufFile, key: &str) -> Result<Option<f64>> {
         Meta::I32(x) => *x as f64,
         Meta::U64(x) => *x as f64,
         Meta::I64(x) => *x as f64,
-        Meta::F32(x) => *x as f64,
+        // The shortest decimal that rounds to the f32 (1e-6, not 9.99999997e-7), as the
+        // converter read it from config.json.
+        Meta::F32(x) => x.to_string().parse().unwrap_or(*x as f64),
         Meta::F64(x) => *x,
         other => bail!("{}: metadata {key} should be a number, is {other:?}", f.name()),
     }))
@@ -120,7 +122,9 @@ fn model_type(arch: Arch, projector: &str, text: &GgufFile, mm: &GgufFile) -> Re
 fn text_config(f: &GgufFile, arch: Arch, a: &str) -> Result<Map<String, Value>> {
     let heads = int(f, &format!("{a}.attention.head_count"))?;
     let hidden = int(f, &format!("{a}.embedding_length"))?;
-    let layers = int(f, &format!("{a}.block_count"))?;
+    // block_count includes the multi-token-prediction layers (Qwen3.5), which merg does not run.
+    let mtp = num(f, &format!("{a}.nextn_predict_layers"))?.unwrap_or(0.) as usize;
+    let layers = int(f, &format!("{a}.block_count"))?.checked_sub(mtp).with_context(|| format!("{}: more MTP layers than blocks", f.name()))?;
     let vocab = dims(f, "token_embd.weight")?[0];
     let mut c = Map::new();
     c.insert("hidden_size".into(), json!(hidden));
@@ -221,8 +225,9 @@ fn vision_config(mm: &GgufFile, model_type: &str, text_hidden: usize) -> Result<
         let every = int(mm, &k("n_wa_pattern"))?.max(1);
         let full: Vec<usize> = (0..depth).filter(|i| (i + 1) % every == 0).collect();
         c.insert("fullatt_block_indexes".into(), json!(full));
-        // Not recorded in GGUF; every released Qwen2.5-VL uses 112 (and llama.cpp assumes it).
-        c.insert("window_size".into(), json!(112));
+        // Newer converters record it; older ones do not, and every released Qwen2.5-VL uses
+        // 112 (as llama.cpp assumes).
+        c.insert("window_size".into(), json!(num(mm, &k("window_size"))?.unwrap_or(112.) as usize));
         c.insert("hidden_act".into(), json!("silu"));
     }
     if model_type.starts_with("qwen3") {

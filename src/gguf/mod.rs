@@ -92,8 +92,65 @@ pub struct Opened {
     /// Where the tokenizer came from, for messages.
     pub tokenizer_origin: String,
     pub chat_template: Option<String>,
+    /// Image preprocessing: `preprocessor_config.json` beside the files, else the family's
+    /// defaults with the projector's recorded mean, std and pixel limits.
+    pub preprocessor: Preprocessing,
     /// Whether any tensor is stored in a block-quantized format.
     pub quantized: bool,
+}
+
+/// How images are prepared for a GGUF checkpoint.
+pub struct Preprocessing {
+    pub file: Option<PathBuf>,
+    pub video_file: Option<PathBuf>,
+    pub mean: Option<[f32; 3]>,
+    pub std: Option<[f32; 3]>,
+    pub min_pixels: Option<usize>,
+    pub max_pixels: Option<usize>,
+}
+
+impl Preprocessing {
+    fn read(dir: &Path, mm: &GgufFile) -> Result<Self> {
+        let triple = |key: &str| -> Result<Option<[f32; 3]>> {
+            match mm.meta(key) {
+                None => Ok(None),
+                Some(candle_core::quantized::gguf_file::Value::Array(v)) if v.len() == 3 => {
+                    let f = |i: usize| v[i].to_f32().map_err(|_| anyhow::anyhow!("{}: {key} is not three numbers", mm.name()));
+                    Ok(Some([f(0)?, f(1)?, f(2)?]))
+                }
+                Some(_) => bail!("{}: {key} is not three numbers", mm.name()),
+            }
+        };
+        let pixels = |key: &str| mm.meta(key).and_then(|v| v.to_u32().ok()).map(|n| n as usize);
+        let beside = |name: &str| Some(dir.join(name)).filter(|p| p.is_file());
+        Ok(Preprocessing {
+            file: beside("preprocessor_config.json"),
+            video_file: beside("video_preprocessor_config.json"),
+            mean: triple("clip.vision.image_mean")?,
+            std: triple("clip.vision.image_std")?,
+            min_pixels: pixels("clip.vision.image_min_pixels"),
+            max_pixels: pixels("clip.vision.image_max_pixels"),
+        })
+    }
+
+    /// The preprocessor config for a model of `spec`.
+    pub fn config(&self, spec: &crate::models::ModelSpec) -> Result<crate::vision::PreprocessorConfig> {
+        let mut c = match &self.file {
+            Some(p) => crate::vision::PreprocessorConfig::from_file(p)?,
+            None => {
+                let mut c = crate::vision::PreprocessorConfig::for_spec(spec);
+                c.image_mean = self.mean.unwrap_or(c.image_mean);
+                c.image_std = self.std.unwrap_or(c.image_std);
+                c.min_pixels = self.min_pixels.unwrap_or(c.min_pixels);
+                c.max_pixels = self.max_pixels.unwrap_or(c.max_pixels);
+                c
+            }
+        };
+        if let Some(p) = &self.video_file {
+            c.read_video_budget(p)?;
+        }
+        Ok(c)
+    }
 }
 
 /// Opens and checks a GGUF checkpoint.
@@ -140,8 +197,9 @@ pub fn open(paths: &GgufPaths) -> Result<Opened> {
         .as_array()
         .map(|v| v.iter().filter_map(Value::as_u64).map(|x| x as usize).collect())
         .unwrap_or_default();
+    let preprocessor = Preprocessing::read(dir, &mm)?;
     let quantized = [&text, &mm].iter().any(|f| f.header.tensors.values().any(|t| t.dtype.block_size() > 1));
-    Ok(Opened { config, weights: GgufWeights::new(text, Some(mm), arch, heads, deepstack), tokenizer_json, tokenizer_origin, chat_template, quantized })
+    Ok(Opened { config, weights: GgufWeights::new(text, Some(mm), arch, heads, deepstack), tokenizer_json, tokenizer_origin, chat_template, preprocessor, quantized })
 }
 
 fn linear_heads(config: &Value) -> names::Heads {

@@ -61,10 +61,15 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<String> {
     let mut added = vec![];
     for (id, (&tok, &ty)) in tokens.iter().zip(&types).enumerate() {
         // Control tokens were special in the HF tokenizer; user-defined ones were added but
-        // not special (llama.cpp's converter sorts them so).
+        // not special (llama.cpp's converter sorts them so). Every token, added or not, is in
+        // the model's vocabulary too, so each keeps its id (tokenizers would otherwise number
+        // added tokens after the vocabulary, and the converter's [PAD] fillers sit there).
         if ty == 3 || ty == 4 {
             added.push(json!({"id": id, "content": tok, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": ty == 3}));
-        } else if vocab.insert(tok.to_string(), json!(id)).is_some() {
+        }
+        // Unused ids (type 5) are the converter's [PAD] fillers up to the embedding's rows; the
+        // HF tokenizer has no token there, so decoding them yields nothing, as it did.
+        if ty != 5 && vocab.insert(tok.to_string(), json!(id)).is_some() {
             bail!("{}: token {tok:?} appears twice in tokenizer.ggml.tokens", f.name());
         }
     }
