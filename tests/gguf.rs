@@ -191,3 +191,77 @@ fn q8_0_gguf_holds_the_in_situ_blocks() {
         }
     }
 }
+
+/// Rewrites, in a copy of `src`, the header entry of tensor `name`: `ne1` replaces its second
+/// GGUF dimension, `ty` its ggml type.
+fn patched(src: &Path, dir: &Path, name: &str, ne1: Option<u64>, ty: Option<u32>) -> PathBuf {
+    let mut b = std::fs::read(src).unwrap();
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend(name.as_bytes());
+    let at = b.windows(key.len()).position(|w| w == key.as_slice()).expect("tensor in header") + key.len();
+    let n_dims = u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+    if let Some(n) = ne1 {
+        b[at + 12..at + 20].copy_from_slice(&n.to_le_bytes());
+    }
+    if let Some(t) = ty {
+        let p = at + 4 + 8 * n_dims;
+        b[p..p + 4].copy_from_slice(&t.to_le_bytes());
+    }
+    let out = dir.join(src.file_name().unwrap());
+    std::fs::write(&out, b).unwrap();
+    out
+}
+
+fn load_err(paths: &GgufPaths, opts: &LoadOptions) -> String {
+    format!("{:#}", Checkpoint::load_gguf(paths, &Device::Cpu, opts).err().expect("must fail"))
+}
+
+/// Bad GGUF input fails with the file, tensor or setting named — never a panic.
+#[test]
+fn bad_gguf_files_are_named() {
+    let good = gguf("qwen2-vl", "f32");
+    let tmp = tempfile::tempdir().unwrap();
+    let with_text = |text: PathBuf| GgufPaths { text, mmproj: good.mmproj.clone() };
+
+    // Truncated: the header is intact, tensor data runs past the end.
+    let bytes = std::fs::read(&good.text).unwrap();
+    let cut = tmp.path().join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let e = load_err(&with_text(cut.clone()), &LoadOptions::default());
+    assert!(e.contains("cut.gguf") && e.contains("truncated") && e.contains("tensor "), "{e}");
+    // Cut inside the header.
+    std::fs::write(&cut, &bytes[..100]).unwrap();
+    let e = load_err(&with_text(cut), &LoadOptions::default());
+    assert!(e.contains("cut.gguf") && e.contains("truncated"), "{e}");
+
+    // A shape that disagrees with the config the metadata gives.
+    let d = tempfile::tempdir().unwrap();
+    let p = patched(&good.text, d.path(), "blk.0.attn_q.weight", Some(32), None);
+    let e = load_err(&with_text(p), &LoadOptions::default());
+    assert!(e.contains("attn_q") && e.contains("shape"), "{e}");
+
+    // A type whose blocks do not fit the rows, and a type candle has no kernels for.
+    for (ty, want) in [(12u32, "not whole Q4_K blocks"), (16, "stored as IQ2_XXS, a type merg cannot read")] {
+        let d = tempfile::tempdir().unwrap();
+        let p = patched(&good.text, d.path(), "blk.0.attn_q.weight", None, Some(ty));
+        let e = load_err(&with_text(p), &LoadOptions::default());
+        assert!(e.contains("blk.0.attn_q.weight") && e.contains(want) && e.contains("tiny-qwen2-vl-f32.gguf"), "{e}");
+    }
+
+    // A projector for another model.
+    let other = GgufPaths { text: good.text.clone(), mmproj: gguf("qwen3-vl", "f32").mmproj };
+    let e = load_err(&other, &LoadOptions::default());
+    assert!(e.contains("mmproj-tiny-qwen3-vl-f32.gguf") && e.contains("another model"), "{e}");
+    // No projector; the projector as the model.
+    let e = load_err(&GgufPaths { text: good.text.clone(), mmproj: None }, &LoadOptions::default());
+    assert!(e.contains("vision projector"), "{e}");
+    let e = load_err(&GgufPaths { text: good.mmproj.clone().unwrap(), mmproj: None }, &LoadOptions::default());
+    assert!(e.contains("mmproj-tiny-qwen2-vl-f32.gguf") && e.contains("not a text model"), "{e}");
+
+    // In-situ quantization of a file already quantized; of an F32 file it is allowed.
+    let q8 = gguf("qwen2-vl", "q8_0");
+    let e = load_err(&q8, &LoadOptions { quant: Some(Quant::Q4K), ..Default::default() });
+    assert!(e.contains("already quantized"), "{e}");
+    let ck = Checkpoint::load_gguf(&good, &Device::Cpu, &LoadOptions { quant: Some(Quant::Q8_0), ..Default::default() }).unwrap();
+    assert!(ck.quant_stats.unwrap().quantized.load(std::sync::atomic::Ordering::Relaxed) >= 14);
+}

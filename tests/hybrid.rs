@@ -22,7 +22,7 @@ fn checkpoint() -> Checkpoint {
         let files = merg::hub::resolve(tiny_dir("qwen3_5").to_str().unwrap(), None).unwrap();
         Checkpoint::load(files, &Device::Cpu, Some(DType::F32)).unwrap()
     });
-    Checkpoint { model: ck.model.clone(), processor: ck.processor.clone(), files: None, quant_stats: None }
+    Checkpoint { model: ck.model.clone(), processor: ck.processor.clone(), files: None, gguf: None, quant_stats: None, tokenizer_json: None }
 }
 
 fn engine(blocks: usize, prefix_caching: bool, scheduler: SchedulerConfig) -> Engine {

@@ -141,8 +141,12 @@ fn prefix_cache_serves_later_agents_and_refinement_rounds() {
 
 /// `merg respond` on the example dialogue and memory with a tiny checkpoint, writing `trace`.
 fn respond_example(family: &str, trace: &std::path::Path) -> std::process::Output {
+    respond_with(tiny_dir(family).to_str().unwrap(), trace)
+}
+
+fn respond_with(model: &str, trace: &std::path::Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_merg"))
-        .args(["respond", "--model", tiny_dir(family).to_str().unwrap(), "--dialogue"])
+        .args(["respond", "--model", model, "--dialogue"])
         .arg(example("dialogue.json"))
         .args(["--memory"])
         .arg(example("memory.jsonl"))
@@ -244,5 +248,24 @@ fn merg_respond_runs_on_qwen3_vl() {
         println!("{family}: {:?}; later calls {cached}/{prompt} prompt tokens cached", t.totals);
         assert!(later.iter().all(|c| c.cached_tokens > 0), "{family}: every later agent reuses the prefix");
         assert!(cached * 2 > prompt, "{family}: later agents take most of their prompt from the cache: {cached}/{prompt}");
+    }
+}
+
+/// `merg respond` from llama.cpp files alone: a Q8_0 GGUF text model with its projector found
+/// beside it, tokenizer and chat template from the GGUF metadata (the agents' JSON schemas
+/// compile against that rebuilt tokenizer), quantized matmuls on the file's own blocks.
+#[test]
+fn merg_respond_runs_on_gguf_files() {
+    for (dir, file) in [("qwen2-vl", "tiny-qwen2-vl-q8_0.gguf"), ("qwen3_5", "tiny-qwen3_5-q8_0.gguf")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let model = common::fixtures().join("gguf").join(dir).join(file);
+        let trace = tmp.path().join("t.json");
+        let out = respond_with(model.to_str().unwrap(), &trace);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{dir}: {stderr}");
+        assert!(stderr.contains("KV cache: 512 blocks"), "{dir}: {stderr}");
+        let t: Trace = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+        check_trace(&t);
+        assert_eq!(t.reply.trim(), String::from_utf8_lossy(&out.stdout).trim(), "{dir}");
     }
 }
