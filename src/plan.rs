@@ -63,7 +63,12 @@ pub fn weight_bytes(p: &ParamCounts, spec: &ModelSpec, prec: Precision) -> (u64,
 }
 
 pub fn plan(p: &ParamCounts, spec: &ModelSpec, prec: Precision, budget: u64, reserve: u64, context: usize, dialogues: u64) -> Plan {
-    let (text, vision) = weight_bytes(p, spec, prec);
+    plan_with_weights(p, spec, prec, weight_bytes(p, spec, prec), budget, reserve, context, dialogues)
+}
+
+/// As `plan`, for weights whose loaded sizes are known (GGUF files: `gguf::loaded_bytes`).
+#[allow(clippy::too_many_arguments)]
+pub fn plan_with_weights(p: &ParamCounts, spec: &ModelSpec, prec: Precision, (text, vision): (u64, u64), budget: u64, reserve: u64, context: usize, dialogues: u64) -> Plan {
     let kv = 2 * (spec.num_attention_layers() * spec.num_kv_heads * spec.head_dim) as u64 * prec.dense_bytes as u64;
     let state = state_bytes_per_seq(spec);
     let free = budget as i64 - (text + vision + reserve) as i64;

@@ -265,3 +265,23 @@ fn bad_gguf_files_are_named() {
     let ck = Checkpoint::load_gguf(&good, &Device::Cpu, &LoadOptions { quant: Some(Quant::Q8_0), ..Default::default() }).unwrap();
     assert!(ck.quant_stats.unwrap().quantized.load(std::sync::atomic::Ordering::Relaxed) >= 14);
 }
+
+/// `merg plan` on GGUF files counts what loading them takes: F32 files at 4 bytes a value are
+/// exactly the config's parameters (Qwen3.5's MTP block left out), and a Q8_0 text model
+/// takes its blocks (plus a dense copy of a quantized token embedding for lookups).
+#[test]
+fn planned_gguf_bytes_match_the_parameters() {
+    for (_, dir) in FAMILIES {
+        let paths = gguf(dir, "f32");
+        let opened = merg::gguf::open(&paths).unwrap();
+        let params = merg::models::registry::param_counts(&opened.config).unwrap();
+        let text = merg::gguf::GgufFile::open(&paths.text).unwrap();
+        let mm = merg::gguf::GgufFile::open(paths.mmproj.as_ref().unwrap()).unwrap();
+        let (t, v) = merg::gguf::loaded_bytes(&text, Some(&mm), 4.0);
+        assert_eq!((t, v), ((params.total() - params.vision) * 4, params.vision * 4), "{dir}");
+        let q = merg::gguf::GgufFile::open(&gguf(dir, "q8_0").text).unwrap();
+        let (tq, _) = merg::gguf::loaded_bytes(&q, None, 4.0);
+        eprintln!("{dir}: text {t} B at F32, {tq} B at Q8_0");
+        assert!(tq < t, "{dir}");
+    }
+}

@@ -31,15 +31,19 @@ pub fn billions(n: u64) -> String {
 }
 
 pub fn cmd_info(a: InfoArgs) -> Result<()> {
-    let (config_path, files) = match (&a.model, &a.config) {
-        (_, Some(c)) => (c.clone(), None),
-        (Some(m), None) => {
-            let f = merg::hub::resolve(m, a.revision.as_deref())?;
-            (f.config.clone(), Some(f))
-        }
-        (None, None) => anyhow::bail!("give --model or --config"),
+    let gguf = match &a.model {
+        Some(m) if a.config.is_none() => merg::gguf::resolve(m, None)?,
+        _ => None,
     };
-    let config = registry::read_config(&config_path)?;
+    let (config_path, files, config) = match (&a.model, &a.config, &gguf) {
+        (_, _, Some(g)) => (g.text.clone(), None, merg::gguf::open(g)?.config),
+        (_, Some(c), _) => (c.clone(), None, registry::read_config(c)?),
+        (Some(m), None, None) => {
+            let f = merg::hub::resolve(m, a.revision.as_deref())?;
+            (f.config.clone(), Some(f.clone()), registry::read_config(&f.config)?)
+        }
+        (None, None, None) => anyhow::bail!("give --model or --config"),
+    };
     let with_path = |e: anyhow::Error| anyhow::anyhow!("{}: {e:#}", config_path.display());
     let spec = registry::spec(&config).map_err(with_path)?;
     let params = registry::param_counts(&config).map_err(with_path)?;

@@ -6,13 +6,17 @@ use anyhow::Result;
 use clap::Args;
 
 use merg::models::registry;
-use merg::plan::{plan, Precision};
+use merg::plan::{plan, plan_with_weights, Precision};
 
 #[derive(Args)]
 pub struct PlanArgs {
-    /// A checkpoint (repo id or directory); only its config.json is read.
+    /// A checkpoint (repo id or directory; only its config.json is read) or GGUF files (their
+    /// metadata and tensor sizes are read).
     #[arg(long, required_unless_present = "config", conflicts_with = "config")]
     model: Option<String>,
+    /// The vision projector of a GGUF model, when not beside it.
+    #[arg(long)]
+    mmproj: Option<PathBuf>,
     /// A config.json alone (e.g. models/qwen3.5-27b.json).
     #[arg(long)]
     config: Option<PathBuf>,
@@ -42,20 +46,37 @@ pub struct PlanArgs {
 }
 
 pub fn cmd_plan(a: PlanArgs) -> Result<()> {
-    let path = match (&a.model, &a.config) {
-        (_, Some(c)) => c.clone(),
-        (Some(m), None) => merg::hub::resolve(m, None)?.config,
-        (None, None) => anyhow::bail!("give --model or --config"),
-    };
-    let config = registry::read_config(&path)?;
-    let with_path = |e: anyhow::Error| anyhow::anyhow!("{}: {e:#}", path.display());
-    let spec = registry::spec(&config).map_err(with_path)?;
-    let params = registry::param_counts(&config).map_err(with_path)?;
     let dense_bytes = match a.dtype.as_str() {
         "bf16" | "f16" => 2.0,
         "f32" => 4.0,
         other => anyhow::bail!("--dtype {other:?}: use bf16, f16 or f32"),
     };
+    // A GGUF model: the config from its metadata, the weights as its files store them.
+    let mut gguf_weights = None;
+    let (path, config) = match (&a.model, &a.config) {
+        (_, Some(c)) => (c.clone(), registry::read_config(c)?),
+        (Some(m), None) => match merg::gguf::resolve(m, a.mmproj.as_deref())? {
+            Some(paths) => {
+                let opened = merg::gguf::open(&paths)?;
+                let text = merg::gguf::GgufFile::open(&paths.text)?;
+                let mm = paths.mmproj.as_deref().map(merg::gguf::GgufFile::open).transpose()?;
+                gguf_weights = Some(merg::gguf::loaded_bytes(&text, mm.as_ref(), dense_bytes));
+                if a.quant.is_some() && opened.quantized {
+                    anyhow::bail!("--quant: {} is already quantized", paths.text.display());
+                }
+                (paths.text.clone(), opened.config)
+            }
+            None => {
+                let p = merg::hub::resolve(m, None)?.config;
+                let c = registry::read_config(&p)?;
+                (p, c)
+            }
+        },
+        (None, None) => anyhow::bail!("give --model or --config"),
+    };
+    let with_path = |e: anyhow::Error| anyhow::anyhow!("{}: {e:#}", path.display());
+    let spec = registry::spec(&config).map_err(with_path)?;
+    let params = registry::param_counts(&config).map_err(with_path)?;
     let quant = match &a.quant {
         Some(q) => Some(merg::weights::Quant::parse(q).map_err(|e| anyhow::anyhow!("--quant: {e:#}"))?),
         None => None,
@@ -65,7 +86,11 @@ pub fn cmd_plan(a: PlanArgs) -> Result<()> {
     }
     let budget = merg::engine::parse_bytes(&a.memory).map_err(|e| anyhow::anyhow!("--memory: {e:#}"))?;
     let reserve = merg::engine::parse_bytes(&a.reserve).map_err(|e| anyhow::anyhow!("--reserve: {e:#}"))?;
-    let p = plan(&params, &spec, Precision { dense_bytes, quant, quant_vision: a.quant_vision }, budget, reserve, a.context, a.dialogues);
+    let prec = Precision { dense_bytes, quant, quant_vision: a.quant_vision };
+    let p = match gguf_weights.filter(|_| quant.is_none()) {
+        Some(w) => plan_with_weights(&params, &spec, prec, w, budget, reserve, a.context, a.dialogues),
+        None => plan(&params, &spec, prec, budget, reserve, a.context, a.dialogues),
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&p)?);
     } else {

@@ -212,3 +212,38 @@ fn linear_heads(config: &Value) -> names::Heads {
         value_dim: n("linear_value_head_dim"),
     }
 }
+
+/// Bytes the weights of opened GGUF files take once loaded with dense tensors in
+/// `dense_bytes` per value: block-quantized tensors stay as stored, float ones take the compute
+/// dtype, and a block-quantized token embedding also gets its dense copy for the lookup.
+/// Returns (text, vision).
+pub fn loaded_bytes(text: &GgufFile, vision: Option<&GgufFile>, dense_bytes: f64) -> (u64, u64) {
+    let of = |f: &GgufFile| -> u64 {
+        f.header
+            .tensors
+            .iter()
+            .filter(|(name, _)| !is_mtp(f, name))
+            .map(|(name, t)| {
+                let elems: usize = t.dims.iter().product();
+                let dense = (elems as f64 * dense_bytes) as u64;
+                match (t.dtype.block_size() > 1, name.as_str()) {
+                    (true, "token_embd.weight") => t.len as u64 + dense,
+                    (true, _) => t.len as u64,
+                    (false, _) => dense,
+                }
+            })
+            .sum()
+    };
+    (of(text), vision.map(of).unwrap_or(0))
+}
+
+/// Whether `name` belongs to a multi-token-prediction block (Qwen3.5), which merg skips.
+fn is_mtp(f: &GgufFile, name: &str) -> bool {
+    let blocks = f.meta("qwen35.block_count").and_then(|v| v.to_u32().ok()).unwrap_or(0);
+    let mtp = f.meta("qwen35.nextn_predict_layers").and_then(|v| v.to_u32().ok()).unwrap_or(0);
+    if mtp == 0 {
+        return false;
+    }
+    let layer = name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|i| i.parse::<u32>().ok());
+    layer.is_some_and(|l| l + mtp >= blocks)
+}
