@@ -285,3 +285,32 @@ fn planned_gguf_bytes_match_the_parameters() {
         assert!(tq < t, "{dir}");
     }
 }
+
+fn golden_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
+    v.as_array().unwrap().iter().map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()).collect()
+}
+
+/// Qwen3-VL-MoE from llama.cpp's files (experts stacked per layer as `ffn_{gate,up,down}_exps`,
+/// rebuilt into transformers' fused tensors) matches transformers' logits on the MoE text
+/// golden's prompt. (An all-sparse variant of the tiny checkpoint: llama.cpp's qwen3vlmoe has
+/// no dense layers.)
+#[test]
+fn moe_gguf_matches_transformers() {
+    let base = fixtures().join("gguf/qwen3-vl-moe");
+    let g = golden_json(&base.join("moe-f32.json"));
+    let t = &g["transformers"];
+    let prompt: Vec<u32> = t["prompt"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let want = rows(&t["logits_last"]);
+    let paths = GgufPaths { text: base.join("moe-f32.gguf"), mmproj: Some(base.join("mmproj-moe-f32.gguf")) };
+    let ck = Checkpoint::load_gguf(&paths, &Device::Cpu, &LoadOptions::default()).unwrap();
+    let inputs = prepare(&*ck.model, &prompt, &Default::default()).unwrap();
+    let got = forward_logits(&*ck.model, &inputs, &mut DenseCache::new(), want.len()).unwrap().to_vec2::<f32>().unwrap();
+    let scale = want.iter().flatten().fold(0f32, |a, &b| a.max(b.abs()));
+    let err = want.iter().flatten().zip(got.iter().flatten()).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+    eprintln!("qwen3_vl_moe GGUF vs transformers: max |Δlogit| {err:e} (scale {scale:.2})");
+    assert!(err <= 1e-4 * scale, "MoE GGUF logits differ from transformers by {err}");
+}
