@@ -260,7 +260,7 @@ fn resolve_cached(repo: &str, revision: &str, cache_dir: &Path) -> Result<ModelF
     })
 }
 
-fn snapshot_dir(repo_dir: &Path, revision: &str) -> Option<PathBuf> {
+pub(crate) fn snapshot_dir(repo_dir: &Path, revision: &str) -> Option<PathBuf> {
     // hf_hub::Cache does the refs lookup but does not trim the ref file nor accept commit
     // hashes; the layout is simple enough to read directly.
     let from_ref = crate::input::read_string(&repo_dir.join("refs").join(revision), &crate::input::TEXT)
@@ -271,18 +271,20 @@ fn snapshot_dir(repo_dir: &Path, revision: &str) -> Option<PathBuf> {
         .filter(|d| !revision.contains("..") && d.is_dir())
 }
 
-/// Online: hf-hub's sync API; files already in the cache are not downloaded again.
-fn resolve_online(repo: &str, revision: &str, opts: &HubOptions) -> Result<ModelFiles> {
-    use hf_hub::api::sync::ApiBuilder;
-    let mut builder = ApiBuilder::from_env()
+/// The hub client: the cache in `opts`, `HF_TOKEN` when set.
+pub(crate) fn api(opts: &HubOptions) -> Result<hf_hub::api::sync::Api> {
+    let mut builder = hf_hub::api::sync::ApiBuilder::from_env()
         .with_cache_dir(opts.cache_dir.clone())
         .with_progress(false);
     if let Some(tok) = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()) {
         builder = builder.with_token(Some(tok));
     }
-    let api = builder
-        .build()
-        .context("creating the Hugging Face hub client")?;
+    builder.build().context("creating the Hugging Face hub client")
+}
+
+/// Online: hf-hub's sync API; files already in the cache are not downloaded again.
+fn resolve_online(repo: &str, revision: &str, opts: &HubOptions) -> Result<ModelFiles> {
+    let api = api(opts)?;
     let r = api.repo(hf_hub::Repo::with_revision(
         repo.to_string(),
         hf_hub::RepoType::Model,

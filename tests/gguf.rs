@@ -314,3 +314,31 @@ fn moe_gguf_matches_transformers() {
     eprintln!("qwen3_vl_moe GGUF vs transformers: max |Δlogit| {err:e} (scale {scale:.2})");
     assert!(err <= 1e-4 * scale, "MoE GGUF logits differ from transformers by {err}");
 }
+
+/// A hub repo of GGUF files, from the cache (offline): `repo:QUANT` picks the text file, the
+/// projector is found beside it, and ambiguity is an error listing the choices.
+#[test]
+fn gguf_hub_repo_resolves_from_the_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let repo = "tiny-org/Tiny-Qwen2-VL-GGUF";
+    let folder = merg::gguf::hub::cache_folder(cache.path(), repo);
+    let snap = folder.join("snapshots").join("0123abcd");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(folder.join("refs")).unwrap();
+    std::fs::write(folder.join("refs/main"), "0123abcd\n").unwrap();
+    let src = fixtures().join("gguf/qwen2-vl");
+    for f in ["tiny-qwen2-vl-f32.gguf", "tiny-qwen2-vl-q8_0.gguf", "mmproj-tiny-qwen2-vl-f32.gguf"] {
+        std::fs::copy(src.join(f), snap.join(f)).unwrap();
+    }
+    let opts = merg::hub::HubOptions { cache_dir: cache.path().to_path_buf(), offline: true };
+    let p = merg::gguf::hub::resolve(&format!("{repo}:Q8_0"), None, None, &opts).unwrap().unwrap();
+    assert_eq!(p.text, snap.join("tiny-qwen2-vl-q8_0.gguf"));
+    assert_eq!(p.mmproj, Some(snap.join("mmproj-tiny-qwen2-vl-f32.gguf")));
+    Checkpoint::load_gguf(&p, &Device::Cpu, &LoadOptions::default()).unwrap();
+    let e = format!("{:#}", merg::gguf::hub::resolve(repo, None, None, &opts).unwrap_err());
+    assert!(e.contains("several GGUF text models") && e.contains("tiny-qwen2-vl-f32.gguf") && e.contains(":QUANT"), "{e}");
+    let e = format!("{:#}", merg::gguf::hub::resolve(&format!("{repo}:Q4_K_M"), None, None, &opts).unwrap_err());
+    assert!(e.contains("no GGUF file for \"Q4_K_M\""), "{e}");
+    // Not a GGUF repo name: left to the safetensors resolver.
+    assert!(merg::gguf::hub::resolve("Qwen/Qwen2.5-VL-7B-Instruct", None, None, &opts).unwrap().is_none());
+}

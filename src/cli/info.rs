@@ -32,7 +32,7 @@ pub fn billions(n: u64) -> String {
 
 pub fn cmd_info(a: InfoArgs) -> Result<()> {
     let gguf = match &a.model {
-        Some(m) if a.config.is_none() => merg::gguf::resolve(m, None)?,
+        Some(m) if a.config.is_none() => merg::gguf::resolve(m, a.revision.as_deref(), None)?,
         _ => None,
     };
     let (config_path, files, config) = match (&a.model, &a.config, &gguf) {

@@ -125,7 +125,7 @@ pub fn load_checkpoint(m: &ModelArgs) -> Result<Checkpoint> {
     let (device, dtype) = device_and_dtype(&m.device, m.dtype.as_deref())?;
     let quant = m.quant.as_deref().map(merg::weights::Quant::parse).transpose().map_err(|e| anyhow::anyhow!("--quant: {e:#}"))?;
     let opts = merg::checkpoint::LoadOptions { dtype, quant, quant_vision: m.quant_vision };
-    if let Some(paths) = merg::gguf::resolve(&m.model, m.mmproj.as_deref()).map_err(|e| anyhow::anyhow!("--model: {e:#}"))? {
+    if let Some(paths) = merg::gguf::resolve(&m.model, m.revision.as_deref(), m.mmproj.as_deref()).map_err(|e| anyhow::anyhow!("--model: {e:#}"))? {
         return Checkpoint::load_gguf(&paths, &device, &opts).map_err(|e| match e.to_string().contains("already quantized") {
             true => anyhow::anyhow!("--quant: {e:#}"),
             false => e,

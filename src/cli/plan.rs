@@ -55,7 +55,7 @@ pub fn cmd_plan(a: PlanArgs) -> Result<()> {
     let mut gguf_weights = None;
     let (path, config) = match (&a.model, &a.config) {
         (_, Some(c)) => (c.clone(), registry::read_config(c)?),
-        (Some(m), None) => match merg::gguf::resolve(m, a.mmproj.as_deref())? {
+        (Some(m), None) => match merg::gguf::resolve(m, None, a.mmproj.as_deref())? {
             Some(paths) => {
                 let opened = merg::gguf::open(&paths)?;
                 let text = merg::gguf::GgufFile::open(&paths.text)?;

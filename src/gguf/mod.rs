@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod file;
+pub mod hub;
 pub mod names;
 pub mod source;
 pub mod tokenizer;
@@ -29,7 +30,7 @@ fn is_gguf(p: &Path) -> bool {
     p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
 }
 
-fn is_mmproj(p: &Path) -> bool {
+pub(crate) fn is_mmproj(p: &Path) -> bool {
     p.file_name().is_some_and(|n| n.to_string_lossy().to_ascii_lowercase().starts_with("mmproj"))
 }
 
@@ -37,9 +38,18 @@ fn names(v: &[PathBuf]) -> String {
     crate::weights::file_names(v)
 }
 
-/// Whether `model` names a GGUF checkpoint (a `.gguf` file, or a directory with GGUF files
-/// and no config.json), and its files; `mmproj` overrides the projector found beside it.
-pub fn resolve(model: &str, mmproj: Option<&Path>) -> Result<Option<GgufPaths>> {
+/// Whether `model` names a GGUF checkpoint — a `.gguf` file, a directory with GGUF files and
+/// no config.json, or a hub repo of them (`org/Model-GGUF`, `org/repo:Q4_K_M`; see `hub`) —
+/// and its files; `mmproj` overrides the projector found beside it.
+pub fn resolve(model: &str, revision: Option<&str>, mmproj: Option<&Path>) -> Result<Option<GgufPaths>> {
+    if let Some(p) = resolve_local(model, mmproj)? {
+        return Ok(Some(p));
+    }
+    hub::resolve(model, revision, mmproj, &crate::hub::HubOptions::from_env())
+}
+
+/// `resolve` for local files only.
+pub fn resolve_local(model: &str, mmproj: Option<&Path>) -> Result<Option<GgufPaths>> {
     let path = Path::new(model);
     let (text, dir) = if path.is_file() && is_gguf(path) {
         if is_mmproj(path) {
