@@ -87,6 +87,8 @@ def wide_checkpoint(dst):
     cfg = json.loads((src / "config.json").read_text())
     cfg.update(hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
     cfg["vision_config"]["hidden_size"] = 256
+    # head_dim 64: M-RoPE sections must cover its 32 frequency pairs.
+    cfg["rope_scaling"]["mrope_section"] = [8, 12, 12]
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if not f.name.endswith(".safetensors") and f.name not in ("config.json", "model.safetensors.index.json"):

@@ -112,6 +112,14 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     let dtype = dtype_override.or(dtype).unwrap_or_else(|| merg::weights::default_dtype(&device));
     let (config, weights) = match (&a.config, &a.model) {
         (Some(c), _) => (registry::read_config(c)?, Weights::dummy(dtype, &device)),
+        (None, Some(m)) if !a.dummy && merg::gguf::resolve(m, None, None)?.is_some() => {
+            // llama.cpp files: the config from their metadata, the weights as stored.
+            let opened = merg::gguf::open(&merg::gguf::resolve(m, None, None)?.expect("checked"))?;
+            if opened.quantized && quant.is_some() {
+                anyhow::bail!("--quant: {m} is already quantized");
+            }
+            (opened.config, Weights::new(std::sync::Arc::new(opened.weights), dtype, &device))
+        }
         (None, Some(m)) => {
             let files = merg::hub::resolve(m, None)?;
             let w = if a.dummy { Weights::dummy(dtype, &device) } else { Weights::safetensors(&files.weights, dtype, &device)? };
