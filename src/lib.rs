@@ -46,6 +46,7 @@
 pub mod bench;
 pub mod chat;
 pub mod checkpoint;
+pub mod cpu;
 pub mod data;
 pub mod dialogue;
 pub mod engine;

@@ -38,9 +38,46 @@ impl Linear {
     }
 }
 
+/// Products with at most this many activation rows (decode steps) use `cpu::matvec` on the
+/// CPU; larger ones (prefill) use candle's gemm.
+pub const MATVEC_MAX_ROWS: usize = 16;
+
+/// A decode-sized product on the CPU through `cpu::matvec`, which streams the f32 or bf16
+/// weight once at the memory bandwidth (candle's gemm is built for large matrices and widens
+/// bf16 slowly). `None`: not such a product.
+fn cpu_matvec(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    use candle_core::{Device, Storage};
+    let k = *x.dims().last().unwrap_or(&0);
+    if !x.device().is_cpu() || !w.is_contiguous() || x.dtype() != w.dtype() || k == 0 || w.rank() != 2 {
+        return Ok(None);
+    }
+    let rows = x.elem_count() / k;
+    let n = w.dim(0)?;
+    if rows == 0 || rows > MATVEC_MAX_ROWS || w.dim(1)? != k {
+        return Ok(None);
+    }
+    let xs: Vec<f32> = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
+    let mut out = vec![0f32; rows * n];
+    let level = crate::cpu::level();
+    {
+        let (storage, layout) = w.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else { return Ok(None) };
+        let off = layout.start_offset();
+        match w.dtype() {
+            DType::F32 => crate::cpu::matvec::matvec(&xs, rows, k, &cpu.as_slice::<f32>()?[off..off + n * k], n, &mut out, level),
+            DType::BF16 => crate::cpu::matvec::matvec(&xs, rows, k, &cpu.as_slice::<half::bf16>()?[off..off + n * k], n, &mut out, level),
+            _ => return Ok(None),
+        }
+    }
+    let mut shape = x.dims().to_vec();
+    *shape.last_mut().expect("rank ≥ 1") = n;
+    Ok(Some(Tensor::from_vec(out, shape, &Device::Cpu)?.to_dtype(x.dtype())?))
+}
+
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
+            QMatMul::Tensor(w) if let Some(y) = cpu_matvec(x, w)? => y,
             // Dense: fold leading dims into rows and use one plain matmul (a broadcast batched
             // matmul is much slower on both CPU and CUDA), exactly as candle_nn::Linear does.
             QMatMul::Tensor(w) => {
