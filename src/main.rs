@@ -44,6 +44,9 @@ fn main() -> ExitCode {
     let default = if matches!(cli.cmd, Cmd::Serve(_)) { "merg=info" } else { "error" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    if std::env::var_os("MERG_CPU_KERNELS").is_some() {
+        eprintln!("cpu kernels: {} (MERG_CPU_KERNELS; this machine has {})", merg::cpu::level().name(), merg::cpu::Level::detected().name());
+    }
     let result = match cli.cmd {
         Cmd::Generate(a) => cli::generate::cmd_generate(*a),
         Cmd::Info(a) => cli::info::cmd_info(a),

@@ -210,3 +210,29 @@ fn plan_fits_qwen3_5_27b_at_q4k_in_24_gib_but_not_bf16() {
     let bad = merg(&["plan", "--config", cfg.to_str().unwrap(), "--memory", "lots"]);
     assert!(!bad.status.success() && stderr(&bad).contains("--memory"), "{}", stderr(&bad));
 }
+
+/// The CPU kernels' fallbacks (forced as on a machine without AVX-512 or AVX2) give the same
+/// greedy tokens as the best level here, and say which kernels run.
+#[test]
+fn cpu_kernel_fallbacks_give_the_same_tokens() {
+    let dir = common::tiny_dir("qwen2_5_vl");
+    let run = |level: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_merg"));
+        c.args(["generate", "--model", dir.to_str().unwrap(), "--prompt", "How was your day? Tell me everything.", "--max-new-tokens", "12", "--json"]);
+        if let Some(l) = level {
+            c.env("MERG_CPU_KERNELS", l);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (v["tokens"].clone(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (best, _) = run(None);
+    for level in ["avx2", "portable"] {
+        let (tokens, stderr) = run(Some(level));
+        assert_eq!(tokens, best, "{level}");
+        let detected = merg::cpu::Level::detected();
+        let want = if detected.name() == "portable" { "portable" } else { level };
+        assert!(stderr.contains(&format!("cpu kernels: {want}")), "{level}: {stderr}");
+    }
+}

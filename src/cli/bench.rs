@@ -199,7 +199,15 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
         Some(q) => q.bits_per_weight() / 8.0,
         None => dtype.size_in_bytes() as f64,
     };
-    let cost = merg::cpu::roofline::TokenCost::of(&params, &spec, bytes_per_weight, dtype.size_in_bytes() as f64);
+    let mut cost = merg::cpu::roofline::TokenCost::of(&params, &spec, bytes_per_weight, dtype.size_in_bytes() as f64);
+    // In-situ quantization knows the bytes it made (rows too short for k-quant blocks fall
+    // back to Q8_0, so the format's bits per weight would undercount them).
+    if let Some(s) = &stats {
+        let made = s.quantized_bytes.load(std::sync::atomic::Ordering::Relaxed) as f64;
+        if made > 0.0 {
+            cost.weight_bytes = made * (cost.flops / 2.0) / (params.text_linear as f64 + if params.tied_head { (spec.vocab_size * spec.hidden_size) as f64 } else { 0.0 }).max(1.0);
+        }
+    }
     let mid_context = (ids.len() + a.decode_tokens / 2) as f64;
     let rec = serde_json::json!({
         "weights": weights_name,
