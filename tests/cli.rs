@@ -123,11 +123,20 @@ fn unknown_device_and_dtype_are_rejected() {
 #[test]
 fn bench_runs_on_dummy_weights_of_a_config() {
     let cfg = tiny_dir("qwen2_5_vl").join("config.json");
-    let o = merg(&["bench", "--config", cfg.to_str().unwrap(), "--prompt-tokens", "16", "--decode-tokens", "4"]);
+    let o = merg(&["bench", "--config", cfg.to_str().unwrap(), "--prompt-tokens", "16", "--decode-tokens", "4", "--no-roofline"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rec: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(rec["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
     assert_eq!(rec["dummy"], true);
+    // With the roofline: its line, then each format's decode and prefill lines, then JSON.
+    let o = merg(&["bench", "--config", cfg.to_str().unwrap(), "--prompt-tokens", "16", "--decode-tokens", "4", "--quant", "f32,q8_0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.lines().next().unwrap().starts_with("roofline: ") && out.contains("GB/s triad bandwidth"), "{out}");
+    for w in ["f32", "q8_0"] {
+        assert!(out.lines().any(|l| l.starts_with(&format!("decode {w}: ")) && l.contains("% of roofline")), "{w}: {out}");
+        assert!(out.lines().any(|l| l.starts_with(&format!("prefill {w}: ")) && l.contains("% of the f32 peak")), "{w}: {out}");
+    }
 }
 
 /// The benchmark runs on a real checkpoint too (shape of its report only; numbers are for

@@ -116,7 +116,7 @@ fn quant_flags_are_checked() {
 fn bench_measures_formats_in_one_run() {
     let cfg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/dummy-small-qwen2.5-vl.json");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_merg"))
-        .args(["bench", "--config", cfg.to_str().unwrap(), "--quant", "none,q4k", "--prompt-tokens", "8", "--decode-tokens", "2"])
+        .args(["bench", "--config", cfg.to_str().unwrap(), "--quant", "none,q4k", "--prompt-tokens", "8", "--decode-tokens", "2", "--no-roofline"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -134,7 +134,7 @@ fn bench_measures_formats_in_one_run() {
     let tied = tmp.path().join("tied.json");
     std::fs::write(&tied, v.to_string()).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_merg"))
-        .args(["bench", "--config", tied.to_str().unwrap(), "--quant", "q8_0", "--prompt-tokens", "8", "--decode-tokens", "2"])
+        .args(["bench", "--config", tied.to_str().unwrap(), "--quant", "q8_0", "--prompt-tokens", "8", "--decode-tokens", "2", "--no-roofline"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

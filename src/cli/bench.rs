@@ -41,6 +41,9 @@ pub struct BenchArgs {
     /// Quantize the vision tower too.
     #[arg(long)]
     quant_vision: bool,
+    /// Skip measuring the machine's roofline (bandwidth and peaks, about two seconds).
+    #[arg(long)]
+    no_roofline: bool,
 }
 
 #[derive(Args)]
@@ -81,7 +84,7 @@ pub struct BenchAgentsArgs {
 pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     let formats = a.quant.iter().map(|f| format_of(f)).collect::<Result<Vec<_>>>().context("--quant")?;
     // The machine's limits, on the same threads, before any model is loaded.
-    let roof = (a.device == "cpu").then(merg::cpu::roofline::measure);
+    let roof = (a.device == "cpu" && !a.no_roofline).then(merg::cpu::roofline::measure);
     if let Some(r) = &roof {
         println!(
             "roofline: {:.1} GB/s triad bandwidth, {:.0} GFLOP/s f32 FMA peak, {:.0} GFLOP/s bf16 peak ({} threads, {} kernels)",

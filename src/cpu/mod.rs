@@ -3,6 +3,7 @@
 //! test the fallbacks, or to compare); the level in use is logged once.
 
 pub mod matvec;
+pub mod qmatvec;
 pub mod roofline;
 
 use std::sync::OnceLock;

@@ -80,6 +80,28 @@ fn cpu_matvec(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     Ok(Some(Tensor::from_vec(out, shape, &Device::Cpu)?.to_dtype(x.dtype())?))
 }
 
+/// A decode-sized product with a Q8_0 weight on the CPU through `cpu::qmatvec` (VNNI integer
+/// dots, as llama.cpp). `None`: not such a product, or no VNNI.
+fn cpu_matvec_q8_0(x: &Tensor, q: &QTensor) -> Result<Option<Tensor>> {
+    use candle_core::quantized::GgmlDType;
+    let k = *x.dims().last().unwrap_or(&0);
+    let dims = q.shape().dims();
+    if !x.device().is_cpu() || q.dtype() != GgmlDType::Q8_0 || k == 0 || dims.len() != 2 || dims[1] != k || !crate::cpu::qmatvec::available() {
+        return Ok(None);
+    }
+    let rows = x.elem_count() / k;
+    if rows == 0 || rows > MATVEC_MAX_ROWS {
+        return Ok(None);
+    }
+    let n = dims[0];
+    let xs: Vec<f32> = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
+    let mut out = vec![0f32; rows * n];
+    crate::cpu::qmatvec::matvec_q8_0(&xs, rows, k, &q.data()?, n, &mut out);
+    let mut shape = x.dims().to_vec();
+    *shape.last_mut().expect("rank ≥ 1") = n;
+    Ok(Some(Tensor::from_vec(out, shape, x.device())?.to_dtype(x.dtype())?))
+}
+
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
@@ -100,6 +122,7 @@ impl Module for Linear {
                     x.matmul(&w.t()?)?
                 }
             }
+            QMatMul::QTensor(q) if let Some(y) = cpu_matvec_q8_0(x, q)? => y,
             // Quantized kernels take contiguous f32 (or f16) rows; other dtypes round-trip.
             q => {
                 let dt = x.dtype();
