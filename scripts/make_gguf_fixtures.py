@@ -79,6 +79,23 @@ def convert(python, llama_cpp, pre, src, out, outtype, mmproj=False):
     shim.unlink()
 
 
+def save_variant(src, dst, make, seed, std):
+    """A variant of tiny checkpoint `src` in `dst`: its tokenizer and processor files, and the
+    weights of the model `make()` builds, drawn from N(0, std) after seeding with `seed`."""
+    import torch
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if not f.name.endswith(".safetensors") and f.name not in ("config.json", "model.safetensors.index.json"):
+            shutil.copy(f, dst / f.name)
+    torch.manual_seed(seed)
+    model = make().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, std)
+    model.save_pretrained(dst, safe_serialization=True)
+    return model
+
+
 def wide_checkpoint(dst):
     """tiny-qwen2-vl with 256-wide text rows (k-quant blocks are 256 values)."""
     import torch
@@ -89,16 +106,7 @@ def wide_checkpoint(dst):
     cfg["vision_config"]["hidden_size"] = 256
     # head_dim 64: M-RoPE sections must cover its 32 frequency pairs.
     cfg["rope_scaling"]["mrope_section"] = [8, 12, 12]
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if not f.name.endswith(".safetensors") and f.name not in ("config.json", "model.safetensors.index.json"):
-            shutil.copy(f, dst / f.name)
-    torch.manual_seed(11)
-    model = Qwen2VLForConditionalGeneration(Qwen2VLConfig(**cfg)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.05)
-    model.save_pretrained(dst, safe_serialization=True)
+    save_variant(src, dst, lambda: Qwen2VLForConditionalGeneration(Qwen2VLConfig(**cfg)), seed=11, std=0.05)
 
 
 def moe_checkpoint(dst):
@@ -111,16 +119,7 @@ def moe_checkpoint(dst):
     src = FIX / "tiny-qwen3-vl-moe"
     cfg = json.loads((src / "config.json").read_text())
     cfg["text_config"]["mlp_only_layers"] = []
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if not f.name.endswith(".safetensors") and f.name not in ("config.json", "model.safetensors.index.json"):
-            shutil.copy(f, dst / f.name)
-    torch.manual_seed(7)
-    model = Qwen3VLMoeForConditionalGeneration(Qwen3VLMoeConfig(**cfg)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.1)
-    model.save_pretrained(dst, safe_serialization=True)
+    model = save_variant(src, dst, lambda: Qwen3VLMoeForConditionalGeneration(Qwen3VLMoeConfig(**cfg)), seed=7, std=0.1)
     ids = load_file(str(FIX / "goldens" / "qwen3_vl_moe" / "text.safetensors"))["input_ids"]
     with torch.no_grad():
         logits = model(input_ids=torch.tensor(ids)).logits[0, -16:].float().numpy()
