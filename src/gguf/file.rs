@@ -365,6 +365,16 @@ mod tests {
         Ok(())
     }
 
+    /// The fuzz corpus's complete seed parses (so the fuzzer starts from a valid file).
+    #[test]
+    fn fuzz_seed_is_a_valid_file() -> Result<()> {
+        let seed = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fuzz/corpus/gguf_header/q8_0.gguf");
+        let h = Header::parse(&std::fs::read(seed)?)?;
+        let t = &h.tensors["w"];
+        assert_eq!((t.dims.clone(), t.dtype, t.len), (vec![2, 32], GgmlDType::Q8_0, 68));
+        Ok(())
+    }
+
     #[test]
     fn names_what_is_wrong() {
         let data = vec![0u8; 24];
