@@ -283,6 +283,13 @@ fn planned_gguf_bytes_match_the_parameters() {
         let (tq, _) = merg::gguf::loaded_bytes(&q, None, 4.0);
         eprintln!("{dir}: text {t} B at F32, {tq} B at Q8_0");
         assert!(tq < t, "{dir}");
+        // `merg plan --model F.gguf` reports the same sizes (bf16 dense tensors by default).
+        let q8 = gguf(dir, "q8_0");
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_merg")).args(["plan", "--model", q8.text.to_str().unwrap(), "--memory", "1GiB", "--json"]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let want = merg::gguf::open(&q8).unwrap().weights.loaded_bytes(2.0);
+        assert_eq!((p["text_weight_bytes"].as_u64().unwrap(), p["vision_weight_bytes"].as_u64().unwrap()), want, "{dir}");
     }
 }
 

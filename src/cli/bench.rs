@@ -144,11 +144,15 @@ fn format_of(f: &str) -> Result<(Option<candle_core::DType>, Option<Quant>)> {
 fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: Option<Quant>) -> Result<serde_json::Value> {
     let (device, dtype) = device_and_dtype(&a.device, a.dtype.as_deref())?;
     let dtype = dtype_override.or(dtype).unwrap_or_else(|| merg::weights::default_dtype(&device));
+    let gguf = match (&a.config, &a.model) {
+        (None, Some(m)) if !a.dummy => merg::gguf::resolve(m, None, None)?,
+        _ => None,
+    };
     let (config, weights) = match (&a.config, &a.model) {
         (Some(c), _) => (registry::read_config(c)?, Weights::dummy(dtype, &device)),
-        (None, Some(m)) if !a.dummy && merg::gguf::resolve(m, None, None)?.is_some() => {
+        (None, Some(m)) if gguf.is_some() => {
             // llama.cpp files: the config from their metadata, the weights as stored.
-            let opened = merg::gguf::open(&merg::gguf::resolve(m, None, None)?.expect("checked"))?;
+            let opened = merg::gguf::open(gguf.as_ref().expect("checked"))?;
             if opened.quantized && quant.is_some() {
                 anyhow::bail!("--quant: {m} is already quantized");
             }

@@ -58,9 +58,7 @@ pub fn cmd_plan(a: PlanArgs) -> Result<()> {
         (Some(m), None) => match merg::gguf::resolve(m, None, a.mmproj.as_deref())? {
             Some(paths) => {
                 let opened = merg::gguf::open(&paths)?;
-                let text = merg::gguf::GgufFile::open(&paths.text)?;
-                let mm = paths.mmproj.as_deref().map(merg::gguf::GgufFile::open).transpose()?;
-                gguf_weights = Some(merg::gguf::loaded_bytes(&text, mm.as_ref(), dense_bytes));
+                gguf_weights = Some(opened.weights.loaded_bytes(dense_bytes));
                 if a.quant.is_some() && opened.quantized {
                     anyhow::bail!("--quant: {} is already quantized", paths.text.display());
                 }

@@ -31,6 +31,11 @@ impl GgufWeights {
         GgufWeights { text, vision, arch, heads, deepstack }
     }
 
+    /// What the weights take once loaded (`gguf::loaded_bytes`): (text, vision).
+    pub fn loaded_bytes(&self, dense_bytes: f64) -> (u64, u64) {
+        super::loaded_bytes(&self.text, self.vision.as_ref(), dense_bytes)
+    }
+
     fn file(&self, part: Part) -> Option<&GgufFile> {
         match part {
             Part::Text => Some(&self.text),
