@@ -35,14 +35,26 @@ impl Elem for bf16 {
     }
 }
 
+/// Weight rows per rayon task. One activation row (batch-1 decode) is bound by each core's
+/// share of the bandwidth: one contiguous stream per thread keeps the hardware prefetchers on
+/// it (measured on the 2-core box over a 0.5B model's layer shapes: 18.3 GB/s with 16 tasks
+/// per matrix, 24.3 GB/s with one per thread, on the pool). More rows are compute-heavier and
+/// balance better in smaller tasks.
+pub(crate) fn rows_per_task(n: usize, m: usize) -> usize {
+    let threads = rayon::current_num_threads();
+    match m {
+        1 => n.div_ceil(threads).next_multiple_of(4).max(4),
+        _ => (n / (threads * 8)).clamp(4, 256),
+    }
+}
+
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` at `level`. Panics if the slices are shorter than the
 /// shapes say (callers pass whole tensors).
 pub fn matvec<W: Elem>(x: &[f32], m: usize, k: usize, w: &[W], n: usize, out: &mut [f32], level: Level) {
     assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n, "matvec: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
     // Work on the transpose [n, m] so each weight row's results are contiguous per task.
     let mut t = vec![0f32; n * m];
-    // Enough rows per task to amortise scheduling, few enough to balance the threads.
-    let rows_per_task = (n / (rayon::current_num_threads() * 8)).clamp(4, 256);
+    let rows_per_task = rows_per_task(n, m);
     // AVX-512 bf16 reads whole cache lines of 32 weights and splits them into even and odd
     // halves in registers; the activations are split the same way once here.
     let split = (level == Level::Avx512 && W::IS_BF16).then(|| deinterleave(x, m, k));
@@ -80,7 +92,7 @@ pub fn matvec_bf16(x: &[bf16], m: usize, k: usize, w: &[bf16], n: usize, out: &m
     if level == Level::Avx512 && std::is_x86_feature_detected!("avx512bf16") {
         assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n, "matvec_bf16: slices shorter than the shapes");
         let mut t = vec![0f32; n * m];
-        let rows_per_task = (n / (rayon::current_num_threads() * 8)).clamp(4, 256);
+        let rows_per_task = rows_per_task(n, m);
         t.par_chunks_mut(rows_per_task * m).enumerate().for_each(|(c, chunk)| {
             let j0 = c * rows_per_task;
             let rows = chunk.len() / m;
@@ -233,7 +245,9 @@ mod avx512 {
         let f = |p: *const u16, i: usize| half::bf16::from_bits(*p.add(i)).to_f32();
         let tail = |r: usize, j: usize| -> f32 { (body..k).map(|i| f(x, r * k + i) * f(w, j * k + i)).sum() };
         let mut j0 = 0;
-        // One activation row: two weight rows per pass (two streams in flight).
+        let end = w.add(rows * k) as usize;
+        // One activation row: two weight rows per pass (two streams in flight), with software
+        // prefetch a little ahead of each (24.3 against 20.9 GB/s without, on the layer shapes).
         if mg == 1 {
             while j0 + 2 <= rows {
                 let (w0, w1) = (w.add(j0 * k), w.add((j0 + 1) * k));
@@ -241,6 +255,12 @@ mod avx512 {
                 let mut a1 = [_mm512_setzero_ps(); 2];
                 let mut i = 0;
                 while i + 64 <= body {
+                    for p in [w0.add(i + DP_PREFETCH), w1.add(i + DP_PREFETCH)] {
+                        if (p as usize) < end {
+                            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+                            _mm_prefetch::<_MM_HINT_T0>(p.add(32) as *const i8);
+                        }
+                    }
                     let (xa, xb) = (bh(x.add(i)), bh(x.add(i + 32)));
                     a0[0] = _mm512_dpbf16_ps(a0[0], xa, bh(w0.add(i)));
                     a1[0] = _mm512_dpbf16_ps(a1[0], xa, bh(w1.add(i)));
@@ -295,6 +315,8 @@ mod avx512 {
 
     /// Weights ahead of the current position to prefetch (bf16 elements).
     const PREFETCH: usize = 1024;
+    /// The same for `rows_dot_dp`, ahead in each of its two rows (measured best of 512–2048).
+    const DP_PREFETCH: usize = 512;
 
     /// bf16 weights, 32 per step (one cache line per row): a 512-bit load holds 16 lanes of
     /// (odd << 16 | even); `even` is the lane shifted left 16, `odd` the lane with its low half

@@ -3,10 +3,23 @@
 //! test the fallbacks, or to compare); the level in use is logged once.
 
 pub mod matvec;
-pub mod qmatvec;
+pub mod pages;
+pub mod q8_0;
 pub mod roofline;
 
 use std::sync::OnceLock;
+
+/// Runs `f` on a worker of the rayon pool when called from outside it (and on the CPU). A
+/// decode step is a few hundred short parallel products: from outside the pool each one would
+/// wake a worker and then the caller again; from a worker it is a join with the other
+/// workers, which are still spinning from the last one.
+pub fn on_pool<R: Send>(device: &candle_core::Device, f: impl FnOnce() -> R + Send) -> R {
+    if device.is_cpu() && rayon::current_thread_index().is_none() {
+        rayon::scope(|_| f())
+    } else {
+        f()
+    }
+}
 
 /// The instruction-set level the kernels run at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -1,40 +1,64 @@
 //! The one linear layer of every model: weight `[out, in]` as candle's `QMatMul`, which holds
-//! either a dense tensor or a quantized one (GGUF block formats), plus an optional bias. Model
-//! code never knows which: a weight source that yields quantized tensors changes no model.
+//! either a dense tensor or a quantized one (GGUF block formats), or, on a CPU with AVX-512
+//! VNNI, a Q8_0 weight repacked for `cpu::q8_0`; plus an optional bias. Model code never knows
+//! which: a weight source that yields quantized tensors changes no model.
 
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Module, Result, Tensor};
 use std::sync::Arc;
 
+use crate::cpu::q8_0::PackedQ8;
 use crate::weights::Weights;
 
 #[derive(Clone, Debug)]
 pub struct Linear {
-    weight: QMatMul,
+    weight: Weight,
     bias: Option<Tensor>,
 }
 
+#[derive(Clone, Debug)]
+enum Weight {
+    Candle(QMatMul),
+    /// Q8_0 in `cpu::q8_0`'s panel layout (the blocks it came from are dropped).
+    PackedQ8(Arc<PackedQ8>),
+}
+
 impl Linear {
-    /// A dense layer from its `[out, in]` weight.
+    /// A dense layer from its `[out, in]` weight (a large CPU weight is moved onto huge pages:
+    /// decode streams it every token).
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
-        Linear { weight: QMatMul::Tensor(weight), bias }
+        let weight = crate::cpu::pages::rehome(weight.clone()).unwrap_or(weight);
+        Linear { weight: Weight::Candle(QMatMul::Tensor(weight)), bias }
     }
 
-    /// A quantized layer (its matmul dequantizes block-wise inside the kernel).
+    /// A dense layer sharing `weight` as it is (a tied head shares the embedding table, which
+    /// its owner has already placed).
+    pub fn shared(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Linear { weight: Weight::Candle(QMatMul::Tensor(weight)), bias }
+    }
+
+    /// A quantized layer (its matmul dequantizes block-wise inside the kernel). Q8_0 on a CPU
+    /// with VNNI is repacked once for `cpu::q8_0`.
     pub fn quantized(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {
-        Ok(Linear { weight: QMatMul::from_arc(weight)?, bias })
+        let dims = weight.shape().dims().to_vec();
+        if weight.device().is_cpu() && weight.dtype() == GgmlDType::Q8_0 && dims.len() == 2 && crate::cpu::q8_0::available() {
+            if let Some(p) = PackedQ8::pack(&weight.data()?, dims[0], dims[1]) {
+                return Ok(Linear { weight: Weight::PackedQ8(Arc::new(p)), bias });
+            }
+        }
+        Ok(Linear { weight: Weight::Candle(QMatMul::from_arc(weight)?), bias })
     }
 
     /// The dense weight, when it is one (tied embeddings, tests).
     pub fn dense_weight(&self) -> Option<&Tensor> {
         match &self.weight {
-            QMatMul::Tensor(w) => Some(w),
+            Weight::Candle(QMatMul::Tensor(w)) => Some(w),
             _ => None,
         }
     }
 
     pub fn is_quantized(&self) -> bool {
-        matches!(self.weight, QMatMul::QTensor(_))
+        matches!(self.weight, Weight::Candle(QMatMul::QTensor(_)) | Weight::PackedQ8(_))
     }
 }
 
@@ -80,35 +104,30 @@ fn cpu_matvec(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     Ok(Some(Tensor::from_vec(out, shape, &Device::Cpu)?.to_dtype(x.dtype())?))
 }
 
-/// A decode-sized product with a Q8_0 weight on the CPU through `cpu::qmatvec` (VNNI integer
-/// dots, as llama.cpp). `None`: not such a product, or no VNNI.
-fn cpu_matvec_q8_0(x: &Tensor, q: &QTensor) -> Result<Option<Tensor>> {
-    use candle_core::quantized::GgmlDType;
-    let k = *x.dims().last().unwrap_or(&0);
-    let dims = q.shape().dims();
-    if !x.device().is_cpu() || q.dtype() != GgmlDType::Q8_0 || k == 0 || dims.len() != 2 || dims[1] != k || !crate::cpu::qmatvec::available() {
-        return Ok(None);
+/// Any product with a packed Q8_0 weight (on the CPU by construction): `[..., k]` rows in
+/// f32, the result in the input's dtype.
+fn packed_q8_0(x: &Tensor, p: &PackedQ8) -> Result<Tensor> {
+    let k = p.cols();
+    let rows = x.elem_count() / k.max(1);
+    if x.dims().last() != Some(&k) {
+        candle_core::bail!("linear: input {:?} does not end in the weight's {k} columns", x.dims());
     }
-    let rows = x.elem_count() / k;
-    if rows == 0 || rows > MATVEC_MAX_ROWS {
-        return Ok(None);
-    }
-    let n = dims[0];
     let xs: Vec<f32> = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
-    let mut out = vec![0f32; rows * n];
-    crate::cpu::qmatvec::matvec_q8_0(&xs, rows, k, &q.data()?, n, &mut out);
+    let mut out = vec![0f32; rows * p.rows()];
+    p.matmul(&xs, rows, &mut out);
     let mut shape = x.dims().to_vec();
-    *shape.last_mut().expect("rank ≥ 1") = n;
-    Ok(Some(Tensor::from_vec(out, shape, x.device())?.to_dtype(x.dtype())?))
+    *shape.last_mut().expect("rank ≥ 1") = p.rows();
+    Tensor::from_vec(out, shape, x.device())?.to_dtype(x.dtype())
 }
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
-            QMatMul::Tensor(w) if let Some(y) = cpu_matvec(x, w)? => y,
+            Weight::PackedQ8(p) => packed_q8_0(x, p)?,
+            Weight::Candle(QMatMul::Tensor(w)) if let Some(y) = cpu_matvec(x, w)? => y,
             // Dense: fold leading dims into rows and use one plain matmul (a broadcast batched
             // matmul is much slower on both CPU and CUDA), exactly as candle_nn::Linear does.
-            QMatMul::Tensor(w) => {
+            Weight::Candle(QMatMul::Tensor(w)) => {
                 let dims = x.dims().to_vec();
                 let k = *dims.last().unwrap_or(&0);
                 if dims.len() > 2 && x.is_contiguous() {
@@ -122,9 +141,8 @@ impl Module for Linear {
                     x.matmul(&w.t()?)?
                 }
             }
-            QMatMul::QTensor(q) if let Some(y) = cpu_matvec_q8_0(x, q)? => y,
             // Quantized kernels take contiguous f32 (or f16) rows; other dtypes round-trip.
-            q => {
+            Weight::Candle(q) => {
                 let dt = x.dtype();
                 let x32 = if matches!(dt, DType::F32 | DType::F16) { x.contiguous()? } else { x.to_dtype(DType::F32)?.contiguous()? };
                 q.forward(&x32)?.to_dtype(dt)?

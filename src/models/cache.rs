@@ -24,7 +24,7 @@ pub struct RecurrentState {
     pub ssm: Option<Tensor>,
 }
 
-pub trait StepCache {
+pub trait StepCache: Send {
     /// `(start, len)` of each sequence's tokens in a packed step of `total` tokens.
     fn runs(&self, total: usize) -> Vec<(usize, usize)>;
 

@@ -151,7 +151,11 @@ impl Decoder {
     /// beside it in `root` unless embeddings are tied.
     pub fn new(cfg: &DecoderConfig, w: Weights, root: Weights) -> Result<Self> {
         let h = cfg.hidden();
-        let embed = candle_nn::embedding(cfg.vocab_size, h, w.pp("embed_tokens").vb().clone())?;
+        let mut embed = candle_nn::embedding(cfg.vocab_size, h, w.pp("embed_tokens").vb().clone())?;
+        if cfg.tie_word_embeddings {
+            // The tied head streams the table every token: huge pages, as for other linears.
+            embed = Embedding::new(crate::cpu::pages::rehome(embed.embeddings().clone())?, h);
+        }
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let lw = w.pp("layers").pp(i);
@@ -176,7 +180,7 @@ impl Decoder {
             // stays dense: the head is read whole every token, the lookup one row.
             match w.pp("embed_tokens").quantized("weight", &candle_core::Shape::from((cfg.vocab_size, h))) {
                 Some(q) => Linear::quantized(q?, None)?,
-                None => Linear::new(embed.embeddings().clone(), None),
+                None => Linear::shared(embed.embeddings().clone(), None),
             }
         } else {
             crate::layers::linear(h, cfg.vocab_size, false, root.pp("lm_head"))?
@@ -206,6 +210,10 @@ impl Decoder {
     /// Runs the decoder over `T` new tokens; returns final-normed hidden states `[T, hidden]`.
     /// `deepstack` rows are indices into this step's tokens.
     pub fn forward(&self, embeds: &Tensor, positions: &Positions, deepstack: Option<&Deepstack>, cache: &mut dyn StepCache) -> Result<Tensor> {
+        crate::cpu::on_pool(self.device(), || self.forward_layers(embeds, positions, deepstack, cache))
+    }
+
+    fn forward_layers(&self, embeds: &Tensor, positions: &Positions, deepstack: Option<&Deepstack>, cache: &mut dyn StepCache) -> Result<Tensor> {
         let (cos, sin) = self.rope.tables(positions, self.device())?;
         let hidden = self.cfg.hidden();
         let deep = match deepstack {

@@ -1,0 +1,262 @@
+//! Q8_0 weights (llama.cpp's block: an f16 scale and 32 int8 values) repacked once at load for
+//! AVX-512 VNNI, and their product with any number of activation rows. The activations are
+//! quantized to Q8_0 blocks too (ggml's `quantize_row_q8_0`), so each block pair is an exact
+//! integer dot scaled by the two f16 scales, as in llama.cpp and candle.
+//!
+//! Layout: panel `p` holds weight rows `16p..16p+16` (zero rows pad the last panel). For each
+//! block of 32 values it stores 8 cache lines; line `g`'s 32-bit lane `r` holds row `16p+r`'s
+//! values `4g..4g+4`. One `vpdpbusd` of a line with an activation quadruple broadcast to every
+//! lane advances 16 rows by 4 values, so a block of 16 rows is 8 instructions (the unpacked
+//! format needs about 10 per row). `vpdpbusd` multiplies unsigned by signed bytes: the weights
+//! are stored offset by 128 (`w ^ 0x80`), and the offset's share, 128 × Σx over the block, is
+//! taken off exactly by starting the integer accumulator at −128·Σx. The panel's 16 f16 scales
+//! per block sit in their own array. Same bytes as the blocks (34 per 32 weights).
+
+use half::f16;
+use rayon::prelude::*;
+
+/// Values of one Q8_0 block.
+pub const BLOCK: usize = 32;
+/// Bytes of one Q8_0 block as llama.cpp stores it.
+pub const BLOCK_BYTES: usize = 34;
+/// Weight rows per panel (the lanes of a 512-bit register).
+const PANEL: usize = 16;
+/// Activation rows one pass over a panel handles (two integer and one float accumulator each).
+const PASS_ROWS: usize = 8;
+
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u8; 64]);
+
+/// A Q8_0 weight `[n, k]` in the panel layout above.
+pub struct PackedQ8 {
+    n: usize,
+    k: usize,
+    lines: Vec<Line>,
+    scales: Vec<f16>,
+}
+
+impl std::fmt::Debug for PackedQ8 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedQ8 [{}, {}]", self.n, self.k)
+    }
+}
+
+/// Whether this machine runs the kernel (and the dispatch level allows AVX-512).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::level() == super::Level::Avx512 && std::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+impl PackedQ8 {
+    /// Repacks `n` rows of `k / 32` llama.cpp Q8_0 blocks. `None` when `k` is not whole blocks
+    /// or `blocks` is shorter than the shape says.
+    pub fn pack(blocks: &[u8], n: usize, k: usize) -> Option<PackedQ8> {
+        let nb = k / BLOCK;
+        if k == 0 || k % BLOCK != 0 || blocks.len() < n * nb * BLOCK_BYTES {
+            return None;
+        }
+        let panels = n.div_ceil(PANEL);
+        // 0x80 is a zero weight once offset; padding rows have zero scales as well.
+        let mut lines = super::pages::huge_vec(panels * nb * 8, Line([0x80; 64]));
+        let mut scales = vec![f16::ZERO; panels * nb * PANEL];
+        lines.par_chunks_mut(nb * 8).zip(scales.par_chunks_mut(nb * PANEL)).enumerate().for_each(|(p, (l, s))| {
+            for r in 0..PANEL.min(n - p * PANEL) {
+                let row = &blocks[(p * PANEL + r) * nb * BLOCK_BYTES..][..nb * BLOCK_BYTES];
+                for (b, blk) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+                    s[b * PANEL + r] = f16::from_le_bytes([blk[0], blk[1]]);
+                    for (i, &q) in blk[2..].iter().enumerate() {
+                        l[b * 8 + i / 4].0[4 * r + i % 4] = q ^ 0x80;
+                    }
+                }
+            }
+        });
+        Some(PackedQ8 { n, k, lines, scales })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held (quantized values and scales).
+    pub fn bytes(&self) -> usize {
+        self.lines.len() * 64 + self.scales.len() * 2
+    }
+
+    /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are
+    /// shorter than the shapes.
+    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        assert!(available(), "PackedQ8::matmul needs AVX-512 VNNI");
+        let (n, k, nb) = (self.n, self.k, self.k / BLOCK);
+        assert!(x.len() >= m * k && out.len() >= m * n, "PackedQ8::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
+        let act = Activations::quantize(&x[..m * k], m, k);
+        let panels = n.div_ceil(PANEL);
+        let per_task = super::matvec::rows_per_task(panels, m).min(panels).max(1);
+        // Results panel-major ([panel][m][16]) so each task writes one contiguous run.
+        let mut t = vec![0f32; panels * m * PANEL];
+        t.par_chunks_mut(per_task * m * PANEL).enumerate().for_each(|(c, chunk)| {
+            for (i, res) in chunk.chunks_exact_mut(m * PANEL).enumerate() {
+                let p = c * per_task + i;
+                let (lines, scales) = (&self.lines[p * nb * 8..(p + 1) * nb * 8], &self.scales[p * nb * PANEL..(p + 1) * nb * PANEL]);
+                for g in (0..m).step_by(PASS_ROWS) {
+                    let mg = (m - g).min(PASS_ROWS);
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `available()` checked avx512f and avx512vnni; the slices hold `nb`
+                    // blocks of this panel and `mg` activation rows from `g`.
+                    unsafe {
+                        vnni::panel(lines, scales, nb, &act, g, mg, &mut res[g * PANEL..(g + mg) * PANEL])
+                    };
+                }
+            }
+        });
+        for p in 0..panels {
+            let cols = PANEL.min(n - p * PANEL);
+            for r in 0..m {
+                out[r * n + p * PANEL..][..cols].copy_from_slice(&t[(p * m + r) * PANEL..][..cols]);
+            }
+        }
+    }
+}
+
+/// Activations quantized per 32 values, as ggml's `quantize_row_q8_0`.
+struct Activations {
+    /// int8 values, four to an i32 (the quadruple `vpdpbusd` broadcasts).
+    q: Vec<i32>,
+    /// Each block's scale, rounded through f16 as the block format stores it.
+    d: Vec<f32>,
+    /// −128 × each block's Σq: the weights' +128 offset taken back out.
+    offset: Vec<i32>,
+}
+
+impl Activations {
+    fn quantize(x: &[f32], m: usize, k: usize) -> Activations {
+        let nb = k / BLOCK;
+        let mut q = vec![0i32; m * k / 4];
+        let mut d = vec![0f32; m * nb];
+        let mut offset = vec![0i32; m * nb];
+        let work = |((xs, q), (d, o)): ((&[f32], &mut [i32]), (&mut f32, &mut i32))| {
+            let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let scale = amax / 127.0;
+            let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+            let mut sum = 0i32;
+            for (quad, xs) in q.iter_mut().zip(xs.chunks_exact(4)) {
+                let b = [0, 1, 2, 3].map(|i| (xs[i] * inv).round() as i8);
+                sum += b.iter().map(|&v| v as i32).sum::<i32>();
+                *quad = i32::from_le_bytes(b.map(|v| v as u8));
+            }
+            *d = f16::from_f32(scale).to_f32();
+            *o = -128 * sum;
+        };
+        if m > 1 {
+            x.par_chunks_exact(BLOCK).zip(q.par_chunks_exact_mut(BLOCK / 4)).zip(d.par_iter_mut().zip(offset.par_iter_mut())).for_each(work);
+        } else {
+            x.chunks_exact(BLOCK).zip(q.chunks_exact_mut(BLOCK / 4)).zip(d.iter_mut().zip(offset.iter_mut())).for_each(work);
+        }
+        Activations { q, d, offset }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{Activations, Line, PANEL, PASS_ROWS};
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// One panel against activation rows `g..g + mg`: `res[r * 16 + lane]`.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub unsafe fn panel(lines: &[Line], scales: &[f16], nb: usize, a: &Activations, g: usize, mg: usize, res: &mut [f32]) {
+        match mg {
+            1 => rows::<1>(lines, scales, nb, a, g, res),
+            2 => rows::<2>(lines, scales, nb, a, g, res),
+            3 => rows::<3>(lines, scales, nb, a, g, res),
+            4 => rows::<4>(lines, scales, nb, a, g, res),
+            5 => rows::<5>(lines, scales, nb, a, g, res),
+            6 => rows::<6>(lines, scales, nb, a, g, res),
+            7 => rows::<7>(lines, scales, nb, a, g, res),
+            _ => rows::<PASS_ROWS>(lines, scales, nb, a, g, res),
+        }
+    }
+
+    /// `M` rows (a constant, so the accumulators stay in registers). Two integer chains per row
+    /// (even and odd lines) hide `vpdpbusd`'s latency at M = 1.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn rows<const M: usize>(lines: &[Line], scales: &[f16], nb: usize, a: &Activations, g: usize, res: &mut [f32]) {
+        let kq = nb * 8;
+        let (q, d, off) = (a.q.as_ptr().add(g * kq), a.d.as_ptr().add(g * nb), a.offset.as_ptr().add(g * nb));
+        let mut acc = [_mm512_setzero_ps(); M];
+        for b in 0..nb {
+            let mut even = [_mm512_setzero_si512(); M];
+            let mut odd = [_mm512_setzero_si512(); M];
+            for (r, e) in even.iter_mut().enumerate() {
+                *e = _mm512_set1_epi32(*off.add(r * nb + b));
+            }
+            let line = lines.as_ptr().add(b * 8) as *const __m512i;
+            for h in 0..4 {
+                let (w0, w1) = (_mm512_load_si512(line.add(2 * h)), _mm512_load_si512(line.add(2 * h + 1)));
+                for r in 0..M {
+                    let x = q.add(r * kq + b * 8 + 2 * h);
+                    even[r] = _mm512_dpbusd_epi32(even[r], w0, _mm512_set1_epi32(*x));
+                    odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(*x.add(1)));
+                }
+            }
+            let ws = _mm512_cvtph_ps(_mm256_loadu_si256(scales.as_ptr().add(b * PANEL) as *const __m256i));
+            for r in 0..M {
+                let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(even[r], odd[r]));
+                acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws, _mm512_set1_ps(*d.add(r * nb + b))), acc[r]);
+            }
+        }
+        for (r, v) in acc.iter().enumerate() {
+            _mm512_storeu_ps(res.as_mut_ptr().add(r * PANEL), *v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{Device, Module, Tensor};
+
+    /// Against candle's own Q8_0 matmul (which also quantizes the activations to Q8_0): rows
+    /// that are not whole panels, one to many passes of activation rows, short and long rows.
+    #[test]
+    fn matches_candle_q8_0_matmul() -> candle_core::Result<()> {
+        if !available() {
+            eprintln!("no AVX-512 VNNI: candle's kernels run instead");
+            return Ok(());
+        }
+        let dev = Device::Cpu;
+        for &(m, k, n) in &[(1, 64, 37), (1, 896, 130), (5, 256, 20), (11, 160, 9), (8, 32, 16), (40, 320, 33)] {
+            let x = Tensor::randn(0f32, 1., (m, k), &dev)?;
+            let q = QTensor::quantize(&Tensor::randn(0f32, 1., (n, k), &dev)?, GgmlDType::Q8_0)?;
+            let packed = PackedQ8::pack(&q.data()?, n, k).expect("whole blocks");
+            assert_eq!(packed.bytes(), n.div_ceil(16) * 16 * k / 32 * 34);
+            let want = QMatMul::from_qtensor(q)?.forward(&x)?.to_vec2::<f32>()?;
+            let mut got = vec![0f32; m * n];
+            packed.matmul(&x.flatten_all()?.to_vec1::<f32>()?, m, &mut got);
+            let scale = want.iter().flatten().fold(1f32, |a, &b| a.max(b.abs()));
+            for r in 0..m {
+                for j in 0..n {
+                    assert!((want[r][j] - got[r * n + j]).abs() <= 1e-4 * scale, "{m}x{k}x{n} [{r},{j}]: {} vs {}", want[r][j], got[r * n + j]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows that are not whole blocks, or too few bytes, are refused rather than misread.
+    #[test]
+    fn refuses_partial_blocks() {
+        assert!(PackedQ8::pack(&[0u8; 34 * 4], 2, 48).is_none());
+        assert!(PackedQ8::pack(&[0u8; 34 * 3], 2, 64).is_none());
+        assert!(PackedQ8::pack(&[0u8; 34 * 4], 2, 64).is_some());
+    }
+}
