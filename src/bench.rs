@@ -10,8 +10,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::chat::{ContentPart, Message};
-use crate::engine::{ChatRequest, Engine, EngineConfig, EngineStats};
-use crate::generate::SamplingParams;
+use crate::engine::{ChatRequest, Engine, EngineConfig, EngineStats, KvMemory, SchedulerConfig};
+use crate::generate::{SamplingParams, VisionInput};
 use crate::checkpoint::Checkpoint;
 use crate::vision::Media;
 
@@ -152,4 +152,62 @@ pub fn run_agents(
         with_cache,
         without_cache,
     })
+}
+
+/// `batch` sequences decoding together on the paged engine (`merg bench --batch`).
+#[derive(Clone, Debug, Serialize)]
+pub struct BatchedDecode {
+    pub batch: usize,
+    pub prompt_tokens: usize,
+    pub decode_tokens: usize,
+    /// Engine steps after every sequence had its first token (each one a batched decode).
+    pub decode_steps: usize,
+    pub decode_s: f64,
+    /// Tokens generated per second by all sequences together, over those steps.
+    pub tokens_per_s: f64,
+}
+
+/// Aggregate decode speed of `batch` sequences with `prompt_tokens`-token prompts (distinct,
+/// so nothing is shared) generating `decode_tokens` each: the clock starts once every
+/// sequence has its first token, so prefill is left out.
+pub fn batched_decode(ckpt: Checkpoint, batch: usize, prompt_tokens: usize, decode_tokens: usize) -> Result<BatchedDecode> {
+    anyhow::ensure!(batch > 0 && prompt_tokens > 0 && decode_tokens > 1, "a batched decode needs sequences, a prompt and at least two new tokens");
+    let spec = ckpt.model.spec().clone();
+    let block = 16;
+    let per_seq = (prompt_tokens + decode_tokens + 1).div_ceil(block);
+    let cfg = EngineConfig {
+        block_size: block,
+        kv_memory: KvMemory::Blocks(batch * per_seq + 1),
+        prefix_caching: false,
+        scheduler: SchedulerConfig { max_num_seqs: batch, ..Default::default() },
+        ..Default::default()
+    };
+    let mut engine = Engine::new(ckpt, cfg)?;
+    // Ordinary ids below the vision specials (a placeholder id would demand image features).
+    let hi = spec.special.vision_start.min(spec.vocab_size as u32).max(2);
+    for s in 0..batch {
+        let ids: Vec<u32> = (0..prompt_tokens as u32).map(|i| 1 + (i * 7919 + s as u32 * 104_729) % (hi - 1)).collect();
+        let inputs = crate::generate::prepare(&**engine.model(), &ids, &VisionInput::default())?;
+        // No stop token: every sequence runs its full length.
+        let sampling = SamplingParams { max_new_tokens: decode_tokens, stop_token_ids: vec![u32::MAX], ..Default::default() };
+        engine.add_inputs(ids, vec![], inputs, sampling, None)?;
+    }
+    let mut started = std::collections::HashSet::new();
+    let (mut t0, mut tokens, mut steps) = (None, 0usize, 0usize);
+    while engine.has_pending() {
+        let out = engine.step()?;
+        if let Some((id, e)) = out.failed.first() {
+            anyhow::bail!("batched decode: sequence {id} failed: {e}");
+        }
+        if t0.is_some() {
+            tokens += out.tokens.len();
+            steps += 1;
+        }
+        started.extend(out.tokens.iter().map(|t| t.0));
+        if t0.is_none() && started.len() == batch {
+            t0 = Some(Instant::now());
+        }
+    }
+    let decode_s = t0.map(|t| t.elapsed().as_secs_f64()).unwrap_or(0.0);
+    Ok(BatchedDecode { batch, prompt_tokens, decode_tokens, decode_steps: steps, decode_s, tokens_per_s: tokens as f64 / decode_s.max(1e-9) })
 }

@@ -101,9 +101,14 @@ impl Checkpoint {
         let dtype = opts.dtype.unwrap_or_else(|| crate::weights::default_dtype(device));
         let (weights, quant_stats) = opts.weights(Weights::dummy(dtype, device));
         let model = models::load(&cfg, weights).with_context(|| format!("model config {}", config.display()))?;
+        Ok(Checkpoint { quant_stats, ..Self::from_model(model, tokenizer)? })
+    }
+
+    /// An already loaded model with a tokenizer (benchmarks drive the engine this way).
+    pub fn from_model(model: Arc<dyn models::Model>, tokenizer: ChatTokenizer) -> Result<Self> {
         let processor = Processor::new(Arc::new(tokenizer), PreprocessorConfig::for_spec(model.spec()), model.spec());
         processor.check_ids(model.spec())?;
-        Ok(Checkpoint { model, processor, files: None, gguf: None, quant_stats, tokenizer_json: None })
+        Ok(Checkpoint { model, processor, files: None, gguf: None, quant_stats: None, tokenizer_json: None })
     }
 
     /// llama.cpp GGUF files: the text model and its vision projector (see `gguf::resolve`).

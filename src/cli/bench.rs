@@ -44,6 +44,17 @@ pub struct BenchArgs {
     /// Skip measuring the machine's roofline (bandwidth and peaks, about two seconds).
     #[arg(long)]
     no_roofline: bool,
+    /// Also decode this many sequences together on the paged engine, for each format, and
+    /// report their aggregate tokens/s (comma-separated, e.g. 8,32).
+    #[arg(long, value_delimiter = ',')]
+    batch: Vec<usize>,
+    /// Prompt tokens of each sequence in the batched runs (decode length: --decode-tokens).
+    #[arg(long, default_value_t = 32)]
+    batch_prompt_tokens: usize,
+    /// tokenizer.json for the batched runs' engine (default: the checkpoint's, else
+    /// $MERG_DATA_DIR or ../shared/data /qwen2-tokenizer/tokenizer.json).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -216,6 +227,7 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
         }
     }
     let mid_context = (ids.len() + a.decode_tokens / 2) as f64;
+    let batched = batched_runs(a, model, &config, &weights_name)?;
     let rec = serde_json::json!({
         "weights": weights_name,
         "quantized_linear_weights": stats.as_ref().map(|s| s.quantized.load(std::sync::atomic::Ordering::Relaxed)),
@@ -236,8 +248,30 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
         "load_s": load_s,
         "peak_rss_after_load_bytes": peak_rss_load,
         "peak_rss_bytes": peak_rss(),
+        "batched": batched,
     });
     Ok(rec)
+}
+
+/// The `--batch` runs on the loaded model, printed as `decode bf16 batch 8: … tok/s aggregate`.
+fn batched_runs(a: &BenchArgs, model: std::sync::Arc<dyn merg::models::Model>, config: &serde_json::Value, name: &str) -> Result<Vec<merg::bench::BatchedDecode>> {
+    if a.batch.is_empty() {
+        return Ok(vec![]);
+    }
+    let own = a.model.as_ref().filter(|_| a.config.is_none()).and_then(|m| merg::hub::resolve(m, None).ok()).map(|f| f.tokenizer).filter(|p| p.exists());
+    let tok = a.tokenizer.clone().or(own).or_else(default_tokenizer).context(
+        "--batch runs the engine, which needs a tokenizer: pass --tokenizer, set MERG_DATA_DIR, or use a checkpoint that has one",
+    )?;
+    let template = merg::chat::default_chat_template(registry::model_type(config)?);
+    let mut out = vec![];
+    for &b in &a.batch {
+        let tokenizer = merg::tokenizer::ChatTokenizer::from_files(&tok, Some(template.to_string()))?;
+        let ckpt = Checkpoint::from_model(model.clone(), tokenizer)?;
+        let r = merg::bench::batched_decode(ckpt, b, a.batch_prompt_tokens, a.decode_tokens.max(2)).with_context(|| format!("--batch {b}"))?;
+        println!("decode {name} batch {b}: {:.2} tok/s aggregate over {} steps", r.tokens_per_s, r.decode_steps);
+        out.push(r);
+    }
+    Ok(out)
 }
 
 /// The process's peak resident memory so far (Linux VmHWM), for load-memory figures.

@@ -2,8 +2,11 @@
 //! portable Rust as the last resort. `MERG_CPU_KERNELS=avx2|portable` forces a lower level (to
 //! test the fallbacks, or to compare); the level in use is logged once.
 
+pub mod attention;
+pub mod bf16;
 pub mod matvec;
 pub mod pages;
+pub mod panels;
 pub mod q8_0;
 pub mod roofline;
 

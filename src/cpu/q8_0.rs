@@ -15,19 +15,12 @@
 use half::f16;
 use rayon::prelude::*;
 
+use super::panels::{Line, PANEL};
+
 /// Values of one Q8_0 block.
 pub const BLOCK: usize = 32;
 /// Bytes of one Q8_0 block as llama.cpp stores it.
 pub const BLOCK_BYTES: usize = 34;
-/// Weight rows per panel (the lanes of a 512-bit register).
-const PANEL: usize = 16;
-/// Activation rows one pass over a panel handles (two integer and one float accumulator each).
-const PASS_ROWS: usize = 8;
-
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Line([u8; 64]);
-
 /// A Q8_0 weight `[n, k]` in the panel layout above.
 pub struct PackedQ8 {
     n: usize,
@@ -98,31 +91,15 @@ impl PackedQ8 {
         let (n, k, nb) = (self.n, self.k, self.k / BLOCK);
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedQ8::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
         let act = Activations::quantize(&x[..m * k], m, k);
-        let panels = n.div_ceil(PANEL);
-        let per_task = super::matvec::rows_per_task(panels, m).min(panels).max(1);
-        // Results panel-major ([panel][m][16]) so each task writes one contiguous run.
-        let mut t = vec![0f32; panels * m * PANEL];
-        t.par_chunks_mut(per_task * m * PANEL).enumerate().for_each(|(c, chunk)| {
-            for (i, res) in chunk.chunks_exact_mut(m * PANEL).enumerate() {
-                let p = c * per_task + i;
-                let (lines, scales) = (&self.lines[p * nb * 8..(p + 1) * nb * 8], &self.scales[p * nb * PANEL..(p + 1) * nb * PANEL]);
-                for g in (0..m).step_by(PASS_ROWS) {
-                    let mg = (m - g).min(PASS_ROWS);
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `available()` checked avx512f and avx512vnni; the slices hold `nb`
-                    // blocks of this panel and `mg` activation rows from `g`.
-                    unsafe {
-                        vnni::panel(lines, scales, nb, &act, g, mg, &mut res[g * PANEL..(g + mg) * PANEL])
-                    };
-                }
-            }
+        super::panels::run(n, m, out, |p, g, mg, res| {
+            let (lines, scales) = (&self.lines[p * nb * 8..(p + 1) * nb * 8], &self.scales[p * nb * PANEL..(p + 1) * nb * PANEL]);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `available()` checked avx512f and avx512vnni; the slices hold `nb` blocks
+            // of this panel and the activations `mg` rows from `g`.
+            unsafe {
+                vnni::panel(lines, scales, nb, &act, g, mg, res)
+            };
         });
-        for p in 0..panels {
-            let cols = PANEL.min(n - p * PANEL);
-            for r in 0..m {
-                out[r * n + p * PANEL..][..cols].copy_from_slice(&t[(p * m + r) * PANEL..][..cols]);
-            }
-        }
     }
 }
 
@@ -166,7 +143,8 @@ impl Activations {
 
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{Activations, Line, PANEL, PASS_ROWS};
+    use super::super::panels::{Line, PANEL, PASS_ROWS};
+    use super::Activations;
     use half::f16;
     use std::arch::x86_64::*;
 

@@ -350,7 +350,7 @@ impl Engine {
             write_slots.extend(self.pool.slots(&s.table, a, b));
             let ctx = self.pool.slots(&s.table, 0, b);
             let recurrent = std::mem::take(&mut s.recurrent);
-            runs.push(SeqRun { start, len: c.len, context_slots: Tensor::new(ctx, &dev)?, recurrent });
+            runs.push(SeqRun { start, len: c.len, context_slots: Tensor::new(ctx.as_slice(), &dev)?, slots: ctx, recurrent });
             start += c.len;
         }
         let embeds = Tensor::cat(&embeds, 0)?;

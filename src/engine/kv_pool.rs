@@ -164,6 +164,13 @@ impl KvPool {
         Ok(())
     }
 
+    /// The layer's whole K and V stores, `[slots, kv_heads·d]`, and the K/V head count (for
+    /// kernels that read slots in place).
+    pub fn layer(&self, layer: usize) -> Result<(&Tensor, &Tensor, usize)> {
+        let l = self.slot(layer)?;
+        Ok((&self.k[l], &self.v[l], self.kv_heads))
+    }
+
     /// K and V of the given slots, `[S, kv_heads, d]` each.
     pub fn gather(&self, layer: usize, slots: &Tensor) -> Result<(Tensor, Tensor)> {
         let s = slots.dim(0)?;

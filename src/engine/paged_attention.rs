@@ -1,7 +1,9 @@
 //! `StepCache` over the shared pool for one packed step of many sequences. The step's tokens
 //! are concatenated (`[T_total, ...]`); each sequence owns a contiguous run of them.
 //! Attention layers: every sequence's new K/V is written to its slots first (one scatter for
-//! the whole step), then each sequence attends over the gather of all its slots. Recurrent
+//! the whole step); a step of one token per sequence (decode) then attends on the CPU with
+//! `cpu::attention`, reading each sequence's slots in place; otherwise (prefill chunks, other
+//! devices) each sequence attends over the gather of all its slots. Recurrent
 //! layers: each sequence's own fixed-size state, taken from the sequence for the step.
 
 use candle_core::{Result, Tensor};
@@ -16,6 +18,8 @@ pub struct SeqRun {
     pub len: usize,
     /// Slots of every token of the sequence up to the end of this run (`[past + len]`, u32).
     pub context_slots: Tensor,
+    /// The same slots on the host (the in-place CPU decode kernel reads them).
+    pub slots: Vec<u32>,
     /// The sequence's per-layer recurrent state (empty for models without recurrent layers).
     pub recurrent: Vec<RecurrentState>,
 }
@@ -40,6 +44,13 @@ impl StepCache for PagedStep<'_> {
 
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
         self.pool.write(layer, &self.write_index, k, v).map_err(candle_core::Error::wrap)?;
+        if self.runs.iter().all(|r| r.len == 1) {
+            let (kp, vp, kv_heads) = self.pool.layer(layer).map_err(candle_core::Error::wrap)?;
+            let queries: Vec<_> = self.runs.iter().map(|r| crate::cpu::attention::Query { slots: &r.slots }).collect();
+            if let Some(out) = crate::cpu::attention::decode(q, kp, vp, kv_heads, &queries, scale as f32)? {
+                return Ok(out);
+            }
+        }
         let mut outs = Vec::with_capacity(self.runs.len());
         for r in &self.runs {
             let (kc, vc) = self.pool.gather(layer, &r.context_slots).map_err(candle_core::Error::wrap)?;

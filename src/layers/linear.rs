@@ -1,12 +1,14 @@
 //! The one linear layer of every model: weight `[out, in]` as candle's `QMatMul`, which holds
-//! either a dense tensor or a quantized one (GGUF block formats), or, on a CPU with AVX-512
-//! VNNI, a Q8_0 weight repacked for `cpu::q8_0`; plus an optional bias. Model code never knows
+//! either a dense tensor or a quantized one (GGUF block formats); on a CPU with AVX-512 BF16 /
+//! VNNI, bf16 and Q8_0 weights are instead repacked once for `cpu::bf16` / `cpu::q8_0`; plus an
+//! optional bias. Model code never knows
 //! which: a weight source that yields quantized tensors changes no model.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Module, Result, Tensor};
 use std::sync::Arc;
 
+use crate::cpu::bf16::PackedBf16;
 use crate::cpu::q8_0::PackedQ8;
 use crate::weights::Weights;
 
@@ -21,19 +23,37 @@ enum Weight {
     Candle(QMatMul),
     /// Q8_0 in `cpu::q8_0`'s panel layout (the blocks it came from are dropped).
     PackedQ8(Arc<PackedQ8>),
+    /// bf16 in `cpu::bf16`'s panel layout (the tensor it came from is dropped).
+    PackedBf16(Arc<PackedBf16>),
+}
+
+/// `w` repacked for `cpu::bf16` when it is a bf16 matrix on a CPU that runs the kernel.
+fn pack_bf16(w: &Tensor) -> Option<PackedBf16> {
+    if !w.device().is_cpu() || w.dtype() != DType::BF16 || w.rank() != 2 || !crate::cpu::bf16::available() {
+        return None;
+    }
+    let (n, k) = w.dims2().ok()?;
+    let data = w.flatten_all().ok()?.to_vec1::<half::bf16>().ok()?;
+    Some(PackedBf16::pack(&data, n, k))
 }
 
 impl Linear {
     /// A dense layer from its `[out, in]` weight (a large CPU weight is moved onto huge pages:
     /// decode streams it every token).
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        if let Some(p) = pack_bf16(&weight) {
+            return Linear { weight: Weight::PackedBf16(Arc::new(p)), bias };
+        }
         let weight = crate::cpu::pages::rehome(weight.clone()).unwrap_or(weight);
         Linear { weight: Weight::Candle(QMatMul::Tensor(weight)), bias }
     }
 
-    /// A dense layer sharing `weight` as it is (a tied head shares the embedding table, which
-    /// its owner has already placed).
+    /// A dense layer over `weight` without moving it (a tied head shares the embedding table,
+    /// which its owner has already placed); a bf16 one on the CPU still gets its packed copy.
     pub fn shared(weight: Tensor, bias: Option<Tensor>) -> Self {
+        if let Some(p) = pack_bf16(&weight) {
+            return Linear { weight: Weight::PackedBf16(Arc::new(p)), bias };
+        }
         Linear { weight: Weight::Candle(QMatMul::Tensor(weight)), bias }
     }
 
@@ -104,6 +124,22 @@ fn cpu_matvec(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     Ok(Some(Tensor::from_vec(out, shape, &Device::Cpu)?.to_dtype(x.dtype())?))
 }
 
+/// Any product with a packed bf16 weight (on the CPU by construction): `[..., k]` rows taken
+/// as bf16, the result in the input's dtype.
+fn packed_bf16(x: &Tensor, p: &PackedBf16) -> Result<Tensor> {
+    let k = p.cols();
+    if x.dims().last() != Some(&k) {
+        candle_core::bail!("linear: input {:?} does not end in the weight's {k} columns", x.dims());
+    }
+    let rows = x.elem_count() / k.max(1);
+    let xs: Vec<half::bf16> = x.flatten_all()?.to_dtype(DType::BF16)?.to_vec1()?;
+    let mut out = vec![0f32; rows * p.rows()];
+    p.matmul(&xs, rows, &mut out);
+    let mut shape = x.dims().to_vec();
+    *shape.last_mut().expect("rank ≥ 1") = p.rows();
+    Tensor::from_vec(out, shape, x.device())?.to_dtype(x.dtype())
+}
+
 /// Any product with a packed Q8_0 weight (on the CPU by construction): `[..., k]` rows in
 /// f32, the result in the input's dtype.
 fn packed_q8_0(x: &Tensor, p: &PackedQ8) -> Result<Tensor> {
@@ -124,6 +160,7 @@ impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
             Weight::PackedQ8(p) => packed_q8_0(x, p)?,
+            Weight::PackedBf16(p) => packed_bf16(x, p)?,
             Weight::Candle(QMatMul::Tensor(w)) if let Some(y) = cpu_matvec(x, w)? => y,
             // Dense: fold leading dims into rows and use one plain matmul (a broadcast batched
             // matmul is much slower on both CPU and CUDA), exactly as candle_nn::Linear does.

@@ -76,7 +76,17 @@ impl StepCache for DenseCache {
             Some((pk, pv)) => (Tensor::cat(&[&pk, k], 0)?, Tensor::cat(&[&pv, v], 0)?),
             None => (k.clone(), v.clone()),
         };
-        let out = causal_gqa(q, &k_all, &v_all, scale)?;
+        // One new token: the CPU kernel the engine's decode uses, over the rows in place.
+        let (s, kvh, d) = k_all.dims3()?;
+        let slots: Vec<u32> = (0..s as u32).collect();
+        let fast = match q.dim(0)? {
+            1 => crate::cpu::attention::decode(q, &k_all.reshape((s, kvh * d))?, &v_all.reshape((s, kvh * d))?, kvh, &[crate::cpu::attention::Query { slots: &slots }], scale as f32)?,
+            _ => None,
+        };
+        let out = match fast {
+            Some(o) => o,
+            None => causal_gqa(q, &k_all, &v_all, scale)?,
+        };
         self.kv[layer] = Some((k_all, v_all));
         Ok(out)
     }

@@ -1,0 +1,176 @@
+//! bf16 weights repacked once at load for AVX-512 BF16, and their product with any number of
+//! bf16 activation rows: batch-1 decode streams each panel once, and prefill reuses each
+//! panel from the core's cache across its rows (see `panels`), so one kernel serves both.
+//!
+//! Layout: panel `p` holds weight rows `16p..16p+16` (zero rows pad the last panel); its line
+//! `i`'s 32-bit lane `r` holds row `16p+r`'s values `2i, 2i+1` (a zero pads an odd row
+//! length). `vdpbf16ps` of a line with one activation pair broadcast to every lane advances 16
+//! rows by 2 values: products of bf16 are exact in f32 and sums are f32, as the unpacked
+//! kernel in `matvec` computes them. Same bytes as the plain weight.
+
+use half::bf16;
+use rayon::prelude::*;
+
+use super::panels::{Line, PANEL};
+
+/// A bf16 weight `[n, k]` in the panel layout above.
+pub struct PackedBf16 {
+    n: usize,
+    k: usize,
+    lines: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedBf16 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedBf16 [{}, {}]", self.n, self.k)
+    }
+}
+
+/// Whether this machine runs the kernel (and the dispatch level allows AVX-512).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::level() == super::Level::Avx512 && std::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+impl PackedBf16 {
+    /// Repacks a row-major `[n, k]` weight. Panics if `w` is shorter than the shape.
+    pub fn pack(w: &[bf16], n: usize, k: usize) -> PackedBf16 {
+        assert!(w.len() >= n * k, "PackedBf16::pack: {} values for [{n}, {k}]", w.len());
+        let pairs = k.div_ceil(2);
+        let mut lines = super::pages::huge_vec(n.div_ceil(PANEL) * pairs, Line([0; 64]));
+        lines.par_chunks_mut(pairs).enumerate().for_each(|(p, l)| {
+            for r in 0..PANEL.min(n - p * PANEL) {
+                for (i, v) in w[(p * PANEL + r) * k..][..k].iter().enumerate() {
+                    l[i / 2].0[4 * r + 2 * (i % 2)..][..2].copy_from_slice(&v.to_bits().to_le_bytes());
+                }
+            }
+        });
+        PackedBf16 { n, k, lines }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// `out[m, n] = x[m, k] · wᵀ` in f32. Call only when `available()`; panics if the slices
+    /// are shorter than the shapes.
+    pub fn matmul(&self, x: &[bf16], m: usize, out: &mut [f32]) {
+        assert!(available(), "PackedBf16::matmul needs AVX-512 BF16");
+        let (n, k, pairs) = (self.n, self.k, self.k.div_ceil(2));
+        assert!(x.len() >= m * k && out.len() >= m * n, "PackedBf16::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
+        // Activation pairs as the 32-bit values the kernel broadcasts.
+        let mut xp = vec![0u32; m * pairs];
+        for (row, xs) in xp.chunks_exact_mut(pairs).zip(x.chunks_exact(k)) {
+            for (i, v) in xs.iter().enumerate() {
+                row[i / 2] |= (v.to_bits() as u32) << (16 * (i % 2));
+            }
+        }
+        super::panels::run(n, m, out, |p, g, mg, res| {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `available()` checked avx512f and avx512bf16; the panel holds `pairs`
+            // lines and the activations `mg` rows of `pairs` from `g`.
+            unsafe {
+                dp::panel(&self.lines[p * pairs..(p + 1) * pairs], &xp[g * pairs..(g + mg) * pairs], pairs, mg, res)
+            };
+        });
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod dp {
+    use super::super::panels::{Line, PANEL, PASS_ROWS};
+    use std::arch::x86_64::*;
+
+    /// One panel against `mg` activation rows: `res[r * 16 + lane]`.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn panel(lines: &[Line], x: &[u32], pairs: usize, mg: usize, res: &mut [f32]) {
+        match mg {
+            1 => rows::<1, 4>(lines, x, pairs, res),
+            2 => rows::<2, 4>(lines, x, pairs, res),
+            3 => rows::<3, 4>(lines, x, pairs, res),
+            4 => rows::<4, 4>(lines, x, pairs, res),
+            5 => rows::<5, 2>(lines, x, pairs, res),
+            6 => rows::<6, 2>(lines, x, pairs, res),
+            7 => rows::<7, 2>(lines, x, pairs, res),
+            _ => rows::<PASS_ROWS, 2>(lines, x, pairs, res),
+        }
+    }
+
+    /// `M` activation rows with `C` accumulator chains each (constants, so the accumulators
+    /// stay in registers; `C` chains hide `vdpbf16ps`'s latency when `M` is small).
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn rows<const M: usize, const C: usize>(lines: &[Line], x: &[u32], pairs: usize, res: &mut [f32]) {
+        let bh = |v: __m512i| std::mem::transmute::<__m512i, __m512bh>(v);
+        let l = lines.as_ptr() as *const __m512i;
+        let xp = x.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); C]; M];
+        let mut i = 0;
+        while i + C <= pairs {
+            // At batch 1 the panel is a pure stream: ask for it a kilobyte ahead.
+            if M <= 2 && i + 16 < pairs {
+                _mm_prefetch::<_MM_HINT_T0>(l.add(i + 16) as *const i8);
+            }
+            for c in 0..C {
+                let w = bh(_mm512_load_si512(l.add(i + c)));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    a[c] = _mm512_dpbf16_ps(a[c], w, bh(_mm512_set1_epi32(*xp.add(r * pairs + i + c) as i32)));
+                }
+            }
+            i += C;
+        }
+        while i < pairs {
+            let w = bh(_mm512_load_si512(l.add(i)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                a[0] = _mm512_dpbf16_ps(a[0], w, bh(_mm512_set1_epi32(*xp.add(r * pairs + i) as i32)));
+            }
+            i += 1;
+        }
+        for (r, a) in acc.iter().enumerate() {
+            let mut s = a[0];
+            for v in &a[1..] {
+                s = _mm512_add_ps(s, *v);
+            }
+            _mm512_storeu_ps(res.as_mut_ptr().add(r * PANEL), s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Tensor};
+
+    /// Against f32 products of the same bf16 values: odd row lengths, rows that are not whole
+    /// panels, one to many passes of activation rows.
+    #[test]
+    fn matches_f32_products_of_the_bf16_values() -> candle_core::Result<()> {
+        if !available() {
+            eprintln!("no AVX-512 BF16: the unpacked kernels run instead");
+            return Ok(());
+        }
+        let dev = Device::Cpu;
+        for &(m, k, n) in &[(1, 64, 37), (1, 896, 130), (2, 33, 16), (5, 256, 20), (11, 161, 9), (40, 320, 33)] {
+            let x = Tensor::randn(0f32, 1., (m, k), &dev)?.to_dtype(DType::BF16)?;
+            let w = Tensor::randn(0f32, 1., (n, k), &dev)?.to_dtype(DType::BF16)?;
+            let want = x.to_dtype(DType::F32)?.matmul(&w.to_dtype(DType::F32)?.t()?)?.to_vec2::<f32>()?;
+            let packed = PackedBf16::pack(&w.flatten_all()?.to_vec1::<bf16>()?, n, k);
+            let mut got = vec![0f32; m * n];
+            packed.matmul(&x.flatten_all()?.to_vec1::<bf16>()?, m, &mut got);
+            let scale = want.iter().flatten().fold(1f32, |a, &b| a.max(b.abs()));
+            for r in 0..m {
+                for j in 0..n {
+                    assert!((want[r][j] - got[r * n + j]).abs() <= 1e-5 * scale, "{m}x{k}x{n} [{r},{j}]: {} vs {}", want[r][j], got[r * n + j]);
+                }
+            }
+        }
+        Ok(())
+    }
+}
