@@ -75,6 +75,18 @@ impl PackedQ8 {
         self.n
     }
 
+    /// The parts' rows one after another, as one weight (q/k/v, gate/up); `None` unless they
+    /// share `k` and every part is whole panels.
+    pub fn concat(parts: &[&PackedQ8]) -> Option<PackedQ8> {
+        let k = parts.first()?.k;
+        if parts.iter().any(|p| p.k != k || p.n % PANEL != 0) {
+            return None;
+        }
+        let lines = super::pages::huge_copy(&parts.iter().flat_map(|p| p.lines.iter().copied()).collect::<Vec<_>>());
+        let scales = parts.iter().flat_map(|p| p.scales.iter().copied()).collect();
+        Some(PackedQ8 { n: parts.iter().map(|p| p.n).sum(), k, lines, scales })
+    }
+
     pub fn cols(&self) -> usize {
         self.k
     }
@@ -148,6 +160,9 @@ mod vnni {
     use half::f16;
     use std::arch::x86_64::*;
 
+    /// Blocks ahead of the current one to prefetch at batch 1.
+    const PREFETCH: usize = 4;
+
     /// One panel against activation rows `g..g + mg`: `res[r * 16 + lane]`.
     #[target_feature(enable = "avx512f,avx512vnni")]
     pub unsafe fn panel(lines: &[Line], scales: &[f16], nb: usize, a: &Activations, g: usize, mg: usize, res: &mut [f32]) {
@@ -177,6 +192,13 @@ mod vnni {
                 *e = _mm512_set1_epi32(*off.add(r * nb + b));
             }
             let line = lines.as_ptr().add(b * 8) as *const __m512i;
+            // At batch 1 the panels are one stream: ask for it PREFETCH blocks ahead (past the
+            // panel's end is the next panel; a prefetch never faults).
+            if M <= 2 {
+                for h in 0..8 {
+                    _mm_prefetch::<_MM_HINT_T0>(line.add(8 * PREFETCH + h) as *const i8);
+                }
+            }
             for h in 0..4 {
                 let (w0, w1) = (_mm512_load_si512(line.add(2 * h)), _mm512_load_si512(line.add(2 * h + 1)));
                 for r in 0..M {

@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Module, Result, Tensor};
 
-use super::{linear, Linear, Norm, Rotary};
+use super::{linear, Fused, Linear, Norm, Rotary};
 use crate::models::cache::StepCache;
 use crate::weights::Weights;
 
@@ -11,9 +11,8 @@ use crate::weights::Weights;
 /// everything cached, output projection. Grouped-query when `kv_heads < heads`.
 #[derive(Clone, Debug)]
 pub struct SelfAttention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// q, k and v projections, joined into one product where their weights allow.
+    qkv: Fused,
     o: Linear,
     /// Qwen3: per-head RMSNorm of q and k (over head_dim) before rotary.
     qk_norm: Option<(Norm, Norm)>,
@@ -53,9 +52,11 @@ impl SelfAttention {
         };
         let q_width = if s.output_gate { 2 * heads * head_dim } else { heads * head_dim };
         Ok(SelfAttention {
-            q: linear(hidden, q_width, s.qkv_bias, w.pp("q_proj"))?,
-            k: linear(hidden, kv_heads * head_dim, s.qkv_bias, w.pp("k_proj"))?,
-            v: linear(hidden, kv_heads * head_dim, s.qkv_bias, w.pp("v_proj"))?,
+            qkv: Fused::new(vec![
+                linear(hidden, q_width, s.qkv_bias, w.pp("q_proj"))?,
+                linear(hidden, kv_heads * head_dim, s.qkv_bias, w.pp("k_proj"))?,
+                linear(hidden, kv_heads * head_dim, s.qkv_bias, w.pp("v_proj"))?,
+            ])?,
             o: linear(heads * head_dim, hidden, false, w.pp("o_proj"))?,
             qk_norm,
             output_gate: s.output_gate,
@@ -68,16 +69,17 @@ impl SelfAttention {
     /// `x: [T, hidden]` of this step; `layer` names the cache slot.
     pub fn forward(&self, x: &Tensor, rope: &Rotary, cos: &Tensor, sin: &Tensor, layer: usize, cache: &mut dyn StepCache) -> Result<Tensor> {
         let t = x.dim(0)?;
+        let [q, k, v]: [Tensor; 3] = self.qkv.forward(x)?.try_into().map_err(|_| candle_core::Error::Msg("q/k/v: three outputs expected".into()))?;
         // With an output gate, each head's q_proj rows are [query | gate].
         let (q, gate) = match self.output_gate {
             true => {
-                let qg = self.q.forward(x)?.reshape((t, self.heads, 2 * self.head_dim))?;
+                let qg = q.reshape((t, self.heads, 2 * self.head_dim))?;
                 (qg.narrow(2, 0, self.head_dim)?.contiguous()?, Some(qg.narrow(2, self.head_dim, self.head_dim)?.reshape((t, self.heads * self.head_dim))?))
             }
-            false => (self.q.forward(x)?.reshape((t, self.heads, self.head_dim))?, None),
+            false => (q.reshape((t, self.heads, self.head_dim))?, None),
         };
-        let k = self.k.forward(x)?.reshape((t, self.kv_heads, self.head_dim))?;
-        let v = self.v.forward(x)?.reshape((t, self.kv_heads, self.head_dim))?;
+        let k = k.reshape((t, self.kv_heads, self.head_dim))?;
+        let v = v.reshape((t, self.kv_heads, self.head_dim))?;
         let (q, k) = match &self.qk_norm {
             Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
             None => (q, k),

@@ -82,6 +82,89 @@ impl Linear {
     }
 }
 
+/// Several linears over the same input (q/k/v, gate/up) computed as one product where their
+/// weights can be joined: one parallel pass and one weight stream per step instead of several
+/// (a 0.5B decode step has 168 products otherwise, each a fork-join of the thread pool).
+#[derive(Clone, Debug)]
+pub enum Fused {
+    /// The joined layer and each part's output width.
+    One(Linear, Vec<usize>),
+    Parts(Vec<Linear>),
+}
+
+impl Fused {
+    pub fn new(parts: Vec<Linear>) -> Result<Self> {
+        Ok(match Linear::concat(&parts)? {
+            Some(one) => Fused::One(one, parts.iter().map(Linear::out_dim).collect::<Result<_>>()?),
+            None => Fused::Parts(parts),
+        })
+    }
+
+    /// Each part's output, in order.
+    pub fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        match self {
+            Fused::Parts(parts) => parts.iter().map(|p| p.forward(x)).collect(),
+            Fused::One(one, widths) => {
+                let y = one.forward(x)?;
+                let last = y.rank() - 1;
+                let mut start = 0;
+                widths
+                    .iter()
+                    .map(|&w| {
+                        start += w;
+                        y.narrow(last, start - w, w)
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+impl Linear {
+    /// Output features.
+    pub fn out_dim(&self) -> Result<usize> {
+        match &self.weight {
+            Weight::PackedQ8(p) => Ok(p.rows()),
+            Weight::PackedBf16(p) => Ok(p.rows()),
+            Weight::Candle(QMatMul::Tensor(w)) => w.dim(0),
+            Weight::Candle(QMatMul::TensorF16(w)) => w.dim(0),
+            Weight::Candle(QMatMul::QTensor(q)) => q.shape().dims().first().copied().ok_or_else(|| candle_core::Error::Msg("a 0-d weight".into())),
+        }
+    }
+
+    /// The parts as one layer (rows one after another), when their weights are of one joinable
+    /// kind: all packed bf16, all packed Q8_0 (whole panels each), or all dense tensors of one
+    /// dtype and width. Biases must be all present or all absent.
+    fn concat(parts: &[Linear]) -> Result<Option<Linear>> {
+        let bias = match parts.iter().map(|p| p.bias.as_ref()).collect::<Option<Vec<_>>>() {
+            Some(b) => Some(Tensor::cat(&b, 0)?),
+            None if parts.iter().all(|p| p.bias.is_none()) => None,
+            None => return Ok(None),
+        };
+        let weight = match parts.iter().map(|p| &p.weight).collect::<Vec<_>>().as_slice() {
+            [Weight::PackedBf16(_), ..] => {
+                let all: Option<Vec<_>> = parts.iter().map(|p| if let Weight::PackedBf16(w) = &p.weight { Some(&**w) } else { None }).collect();
+                all.and_then(|a| PackedBf16::concat(&a)).map(|w| Weight::PackedBf16(Arc::new(w)))
+            }
+            [Weight::PackedQ8(_), ..] => {
+                let all: Option<Vec<_>> = parts.iter().map(|p| if let Weight::PackedQ8(w) = &p.weight { Some(&**w) } else { None }).collect();
+                all.and_then(|a| PackedQ8::concat(&a)).map(|w| Weight::PackedQ8(Arc::new(w)))
+            }
+            _ => {
+                let all: Option<Vec<_>> = parts.iter().map(|p| p.dense_weight()).collect();
+                match all {
+                    Some(ws) if ws.windows(2).all(|w| w[0].dtype() == w[1].dtype() && w[0].dims().get(1) == w[1].dims().get(1)) && !ws.is_empty() => {
+                        let w = crate::cpu::pages::rehome(Tensor::cat(&ws, 0)?)?;
+                        Some(Weight::Candle(QMatMul::Tensor(w)))
+                    }
+                    _ => None,
+                }
+            }
+        };
+        Ok(weight.map(|weight| Linear { weight, bias }))
+    }
+}
+
 /// Products with at most this many activation rows (decode steps) use `cpu::matvec` on the
 /// CPU; larger ones (prefill) use candle's gemm.
 pub const MATVEC_MAX_ROWS: usize = 16;

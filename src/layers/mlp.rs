@@ -3,20 +3,20 @@
 
 use candle_core::{Module, Result, Tensor};
 
-use super::{act, linear, Act, Linear};
+use super::{act, linear, Act, Fused, Linear};
 use crate::weights::Weights;
 
 #[derive(Clone, Debug)]
 pub enum Mlp {
-    Gated { gate: Linear, up: Linear, down: Linear, act: Act },
+    /// `gate_up`: gate_proj and up_proj, joined into one product where their weights allow.
+    Gated { gate_up: Fused, down: Linear, act: Act },
     Plain { fc1: Linear, fc2: Linear, act: Act },
 }
 
 impl Mlp {
     pub fn gated(dim: usize, hidden: usize, bias: bool, act: Act, vb: Weights) -> Result<Self> {
         Ok(Mlp::Gated {
-            gate: linear(dim, hidden, bias, vb.pp("gate_proj"))?,
-            up: linear(dim, hidden, bias, vb.pp("up_proj"))?,
+            gate_up: Fused::new(vec![linear(dim, hidden, bias, vb.pp("gate_proj"))?, linear(dim, hidden, bias, vb.pp("up_proj"))?])?,
             down: linear(hidden, dim, bias, vb.pp("down_proj"))?,
             act,
         })
@@ -33,9 +33,9 @@ impl Mlp {
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Mlp::Gated { gate, up, down, act: a } => {
-                let g = act(*a, &gate.forward(x)?)?;
-                down.forward(&(g * up.forward(x)?)?)
+            Mlp::Gated { gate_up, down, act: a } => {
+                let [g, u]: [Tensor; 2] = gate_up.forward(x)?.try_into().map_err(|_| candle_core::Error::Msg("gate/up: two outputs expected".into()))?;
+                down.forward(&(act(*a, &g)? * u)?)
             }
             Mlp::Plain { fc1, fc2, act: a } => fc2.forward(&act(*a, &fc1.forward(x)?)?),
         }

@@ -24,7 +24,7 @@ use candle_core::{Result, Tensor, D};
 use serde::{Deserialize, Serialize};
 
 pub use attention::{causal_gqa, causal_mask, dense_attention, softmax_f32};
-pub use linear::{linear, Linear};
+pub use linear::{linear, Fused, Linear};
 pub use mlp::Mlp;
 pub use norm::{GatedRmsNorm, Norm};
 pub use rotary::{apply_rope, Rotary, RotaryLayout};
