@@ -39,7 +39,6 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    merg::cpu::pages::keep_freed_memory();
     let cli = Cli::parse();
     // A server logs one line per request by default; other commands only what RUST_LOG asks.
     let default = if matches!(cli.cmd, Cmd::Serve(_)) { "merg=info" } else { "error" };

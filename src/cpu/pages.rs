@@ -99,17 +99,3 @@ mod tests {
         Ok(())
     }
 }
-
-/// Keeps large freed blocks in the process for reuse (glibc). By default glibc serves blocks
-/// above its mmap threshold (at most 32 MiB) with fresh mappings and unmaps them on free, so
-/// every prefill step's large temporaries (activations of 2048 tokens, products' outputs) are
-/// new pages the kernel must zero: a third of `merg bench-agents`' CPU time went to
-/// `clear_page` before this. A program calls it once at start; the library never does.
-pub fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes the allocator's thresholds; called before other threads run.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
-    }
-}
