@@ -33,8 +33,14 @@ fn pack_bf16(w: &Tensor) -> Option<PackedBf16> {
         return None;
     }
     let (n, k) = w.dims2().ok()?;
-    let data = w.flatten_all().ok()?.to_vec1::<half::bf16>().ok()?;
-    Some(PackedBf16::pack(&data, n, k))
+    if !w.is_contiguous() {
+        return pack_bf16(&w.contiguous().ok()?);
+    }
+    // Straight from the tensor's storage: a 7B model has no room for a copy of each weight.
+    let (storage, layout) = w.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else { return None };
+    let data = cpu.as_slice::<half::bf16>().ok()?;
+    Some(PackedBf16::pack(&data[layout.start_offset()..][..n * k], n, k))
 }
 
 impl Linear {
