@@ -47,19 +47,21 @@ impl Linear {
     /// A dense layer from its `[out, in]` weight (a large CPU weight is moved onto huge pages:
     /// decode streams it every token).
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
-        if let Some(p) = pack_bf16(&weight) {
-            return Linear { weight: Weight::PackedBf16(Arc::new(p)), bias };
-        }
-        let weight = crate::cpu::pages::rehome(weight.clone()).unwrap_or(weight);
-        Linear { weight: Weight::Candle(QMatMul::Tensor(weight)), bias }
+        Self::dense(weight, bias, true)
     }
 
     /// A dense layer over `weight` without moving it (a tied head shares the embedding table,
     /// which its owner has already placed); a bf16 one on the CPU still gets its packed copy.
     pub fn shared(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self::dense(weight, bias, false)
+    }
+
+    /// Packed when `pack_bf16` takes it; otherwise the tensor, moved onto huge pages if asked.
+    fn dense(weight: Tensor, bias: Option<Tensor>, rehome: bool) -> Self {
         if let Some(p) = pack_bf16(&weight) {
             return Linear { weight: Weight::PackedBf16(Arc::new(p)), bias };
         }
+        let weight = if rehome { crate::cpu::pages::rehome(weight.clone()).unwrap_or(weight) } else { weight };
         Linear { weight: Weight::Candle(QMatMul::Tensor(weight)), bias }
     }
 
