@@ -7,7 +7,6 @@
 
 use candle_core::{DType, Result, Tensor};
 use half::bf16;
-use rayon::prelude::*;
 
 /// Where one sequence's query reads: the store rows of its positions, oldest first.
 pub struct Query<'a> {
@@ -67,7 +66,7 @@ impl Shape {
             candle_core::bail!("attention: slot {bad} is outside the K/V store of {rows} rows");
         }
         let group = self.heads / self.kv_heads;
-        out.par_chunks_mut(d).enumerate().for_each(|(i, o)| {
+        super::team::chunks_mut(out, d, |i, o| {
             let (seq, h) = (i / self.heads, i % self.heads);
             let off = (h / group) * d;
             let qh = &q[i * d..(i + 1) * d];

@@ -6,7 +6,6 @@
 //! Output rows are split across the rayon pool.
 
 use half::bf16;
-use rayon::prelude::*;
 
 use super::Level;
 
@@ -58,7 +57,7 @@ pub fn matvec<W: Elem>(x: &[f32], m: usize, k: usize, w: &[W], n: usize, out: &m
     // AVX-512 bf16 reads whole cache lines of 32 weights and splits them into even and odd
     // halves in registers; the activations are split the same way once here.
     let split = (level == Level::Avx512 && W::IS_BF16).then(|| deinterleave(x, m, k));
-    t.par_chunks_mut(rows_per_task * m).enumerate().for_each(|(c, chunk)| {
+    super::team::chunks_mut(&mut t, rows_per_task * m, |c, chunk| {
         let j0 = c * rows_per_task;
         let rows = chunk.len() / m;
         for g in (0..m).step_by(MAX_ROWS) {
@@ -93,7 +92,7 @@ pub fn matvec_bf16(x: &[bf16], m: usize, k: usize, w: &[bf16], n: usize, out: &m
         assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n, "matvec_bf16: slices shorter than the shapes");
         let mut t = vec![0f32; n * m];
         let rows_per_task = rows_per_task(n, m);
-        t.par_chunks_mut(rows_per_task * m).enumerate().for_each(|(c, chunk)| {
+        super::team::chunks_mut(&mut t, rows_per_task * m, |c, chunk| {
             let j0 = c * rows_per_task;
             let rows = chunk.len() / m;
             for g in (0..m).step_by(MAX_ROWS) {

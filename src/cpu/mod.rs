@@ -4,11 +4,13 @@
 
 pub mod attention;
 pub mod bf16;
+pub mod elementwise;
 pub mod matvec;
 pub mod pages;
 pub mod panels;
 pub mod q8_0;
 pub mod roofline;
+pub mod team;
 
 use std::sync::OnceLock;
 

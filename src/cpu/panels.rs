@@ -7,8 +7,6 @@
 //! re-read from the core's cache for the other rows: the same code is decode (m = 1),
 //! batched decode and prefill.
 
-use rayon::prelude::*;
-
 /// Weight rows per panel (the 32-bit lanes of a 512-bit register).
 pub const PANEL: usize = 16;
 /// Activation rows one pass over a panel handles.
@@ -27,7 +25,7 @@ pub fn run(n: usize, m: usize, out: &mut [f32], kernel: impl Fn(usize, usize, us
     let per_task = super::matvec::rows_per_task(panels, m).min(panels).max(1);
     // Results panel-major ([panel][m][16]) so each task writes one contiguous run.
     let mut t = vec![0f32; panels * m * PANEL];
-    t.par_chunks_mut(per_task * m * PANEL).enumerate().for_each(|(c, chunk)| {
+    super::team::chunks_mut(&mut t, per_task * m * PANEL, |c, chunk| {
         for (i, res) in chunk.chunks_exact_mut(m * PANEL).enumerate() {
             for g in (0..m).step_by(PASS_ROWS) {
                 let mg = (m - g).min(PASS_ROWS);

@@ -217,41 +217,55 @@ fn cpu_matvec(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 
 /// Any product with a packed bf16 weight (on the CPU by construction): `[..., k]` rows taken
 /// as bf16, the result in the input's dtype.
-fn packed_bf16(x: &Tensor, p: &PackedBf16) -> Result<Tensor> {
-    let k = p.cols();
-    if x.dims().last() != Some(&k) {
-        candle_core::bail!("linear: input {:?} does not end in the weight's {k} columns", x.dims());
-    }
-    let rows = x.elem_count() / k.max(1);
+fn packed_bf16(x: &Tensor, p: &PackedBf16, bias: Option<&Tensor>) -> Result<Tensor> {
+    let rows = packed_rows(x, p.cols())?;
     let xs: Vec<half::bf16> = x.flatten_all()?.to_dtype(DType::BF16)?.to_vec1()?;
     let mut out = vec![0f32; rows * p.rows()];
     p.matmul(&xs, rows, &mut out);
-    let mut shape = x.dims().to_vec();
-    *shape.last_mut().expect("rank ≥ 1") = p.rows();
-    Tensor::from_vec(out, shape, x.device())?.to_dtype(x.dtype())
+    packed_output(x, out, p.rows(), bias)
 }
 
 /// Any product with a packed Q8_0 weight (on the CPU by construction): `[..., k]` rows in
 /// f32, the result in the input's dtype.
-fn packed_q8_0(x: &Tensor, p: &PackedQ8) -> Result<Tensor> {
-    let k = p.cols();
-    let rows = x.elem_count() / k.max(1);
-    if x.dims().last() != Some(&k) {
-        candle_core::bail!("linear: input {:?} does not end in the weight's {k} columns", x.dims());
-    }
+fn packed_q8_0(x: &Tensor, p: &PackedQ8, bias: Option<&Tensor>) -> Result<Tensor> {
+    let rows = packed_rows(x, p.cols())?;
     let xs: Vec<f32> = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
     let mut out = vec![0f32; rows * p.rows()];
     p.matmul(&xs, rows, &mut out);
+    packed_output(x, out, p.rows(), bias)
+}
+
+/// Rows of `x` for a packed weight of `k` columns.
+fn packed_rows(x: &Tensor, k: usize) -> Result<usize> {
+    if x.dims().last() != Some(&k) {
+        candle_core::bail!("linear: input {:?} does not end in the weight's {k} columns", x.dims());
+    }
+    Ok(x.elem_count() / k.max(1))
+}
+
+/// A packed product's f32 rows of `n` as a tensor shaped like `x` with `n` last, in `x`'s
+/// dtype. The bias joins in f32 before the one rounding to bf16, as a bf16 `addmm` does.
+fn packed_output(x: &Tensor, mut out: Vec<f32>, n: usize, bias: Option<&Tensor>) -> Result<Tensor> {
+    if let Some(b) = bias {
+        crate::cpu::elementwise::add_rows(&mut out, &b.to_dtype(DType::F32)?.to_vec1::<f32>()?);
+    }
     let mut shape = x.dims().to_vec();
-    *shape.last_mut().expect("rank ≥ 1") = p.rows();
-    Tensor::from_vec(out, shape, x.device())?.to_dtype(x.dtype())
+    *shape.last_mut().expect("rank ≥ 1") = n;
+    match x.dtype() {
+        DType::BF16 => {
+            let mut narrow = vec![half::bf16::ZERO; out.len()];
+            crate::cpu::elementwise::to_bf16(&out, &mut narrow);
+            Tensor::from_vec(narrow, shape, x.device())
+        }
+        dt => Tensor::from_vec(out, shape, x.device())?.to_dtype(dt),
+    }
 }
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
-            Weight::PackedQ8(p) => packed_q8_0(x, p)?,
-            Weight::PackedBf16(p) => packed_bf16(x, p)?,
+            Weight::PackedQ8(p) => return packed_q8_0(x, p, self.bias.as_ref()),
+            Weight::PackedBf16(p) => return packed_bf16(x, p, self.bias.as_ref()),
             Weight::Candle(QMatMul::Tensor(w)) if let Some(y) = cpu_matvec(x, w)? => y,
             // Dense: fold leading dims into rows and use one plain matmul (a broadcast batched
             // matmul is much slower on both CPU and CUDA), exactly as candle_nn::Linear does.

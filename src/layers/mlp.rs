@@ -35,7 +35,7 @@ impl Module for Mlp {
         match self {
             Mlp::Gated { gate_up, down, act: a } => {
                 let [g, u]: [Tensor; 2] = gate_up.forward(x)?.try_into().map_err(|_| candle_core::Error::Msg("gate/up: two outputs expected".into()))?;
-                down.forward(&(act(*a, &g)? * u)?)
+                down.forward(&super::gated(*a, &g, &u)?)
             }
             Mlp::Plain { fc1, fc2, act: a } => fc2.forward(&act(*a, &fc1.forward(x)?)?),
         }

@@ -60,3 +60,83 @@ pub fn act(a: Act, x: &Tensor) -> Result<Tensor> {
 pub fn argmax_last(x: &Tensor) -> Result<u32> {
     x.argmax(D::Minus1)?.to_scalar::<u32>()
 }
+
+/// `a + b` for tensors of one shape and dtype (a decoder layer's residual adds): on the CPU,
+/// contiguous f32 and bf16 go through `cpu::elementwise` (candle's bf16 add runs a few
+/// thousand values on the thread pool); anything else is candle's add.
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    use crate::cpu::elementwise::{add_bf16, add_f32};
+    if a.dims() != b.dims() || a.dtype() != b.dtype() {
+        return a + b;
+    }
+    match binary_cpu(a, b, add_f32, add_bf16)? {
+        Some(y) => Ok(y),
+        None => a + b,
+    }
+}
+
+/// `act(g) · u`, the gated feed-forward's middle (one pass for SiLU on the CPU).
+pub fn gated(a: Act, g: &Tensor, u: &Tensor) -> Result<Tensor> {
+    use crate::cpu::elementwise::{silu_mul_bf16, silu_mul_f32};
+    if a == Act::Silu && g.dims() == u.dims() && g.dtype() == u.dtype() {
+        if let Some(y) = binary_cpu(g, u, silu_mul_f32, silu_mul_bf16)? {
+            return Ok(y);
+        }
+    }
+    act(a, g)? * u
+}
+
+/// `f(a, b)` elementwise into a new tensor, on contiguous CPU f32 or bf16 tensors of one
+/// shape (the caller checked it); `None` when the tensors are not such.
+fn binary_cpu(a: &Tensor, b: &Tensor, f32_op: fn(&[f32], &[f32], &mut [f32]), bf16_op: fn(&[half::bf16], &[half::bf16], &mut [half::bf16])) -> Result<Option<Tensor>> {
+    use candle_core::{DType, Storage};
+    if !a.device().is_cpu() || !a.is_contiguous() || !b.is_contiguous() {
+        return Ok(None);
+    }
+    let n = a.elem_count();
+    let (sa, la) = a.storage_and_layout();
+    let (sb, lb) = b.storage_and_layout();
+    let (Storage::Cpu(ca), Storage::Cpu(cb)) = (&*sa, &*sb) else { return Ok(None) };
+    let (oa, ob) = (la.start_offset(), lb.start_offset());
+    let y = match a.dtype() {
+        DType::F32 => {
+            let mut out = vec![0f32; n];
+            f32_op(&ca.as_slice::<f32>()?[oa..oa + n], &cb.as_slice::<f32>()?[ob..ob + n], &mut out);
+            Tensor::from_vec(out, a.shape(), a.device())?
+        }
+        DType::BF16 => {
+            let mut out = vec![half::bf16::ZERO; n];
+            bf16_op(&ca.as_slice::<half::bf16>()?[oa..oa + n], &cb.as_slice::<half::bf16>()?[ob..ob + n], &mut out);
+            Tensor::from_vec(out, a.shape(), a.device())?
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(y))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    /// The CPU paths equal candle's ops: the adds exactly, `silu · u` within f32 rounding (f32)
+    /// or one bf16 step; strided inputs take candle's path.
+    #[test]
+    fn add_and_gated_match_candle() -> Result<()> {
+        let dev = Device::Cpu;
+        let a = Tensor::randn(0f32, 3., (3, 77), &dev)?;
+        let b = Tensor::randn(0f32, 3., (3, 77), &dev)?;
+        for dt in [DType::F32, DType::BF16] {
+            let (a, b) = (a.to_dtype(dt)?, b.to_dtype(dt)?);
+            let diff = |x: &Tensor, y: &Tensor| -> Result<f32> { (x.to_dtype(DType::F32)? - y.to_dtype(DType::F32)?)?.abs()?.max_all()?.to_scalar::<f32>() };
+            assert_eq!(diff(&add(&a, &b)?, &(&a + &b)?)?, 0.0, "{dt:?} add");
+            let want = (act(Act::Silu, &a.to_dtype(DType::F32)?)?.to_dtype(dt)?.to_dtype(DType::F32)? * b.to_dtype(DType::F32)?)?;
+            let bound = if dt == DType::F32 { 1e-5 } else { 2f32.powi(-7) * 40.0 };
+            assert!(diff(&gated(Act::Silu, &a, &b)?, &want)? <= bound, "{dt:?} silu·u");
+            let (at, bt) = (a.t()?, b.t()?);
+            assert_eq!(diff(&add(&at, &bt)?, &(&at + &bt)?)?, 0.0, "{dt:?} strided add");
+            assert_eq!(diff(&gated(Act::Gelu, &a, &b)?, &(a.gelu_erf()? * &b)?)?, 0.0, "{dt:?} gelu");
+        }
+        Ok(())
+    }
+}

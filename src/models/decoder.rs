@@ -227,13 +227,13 @@ impl Decoder {
                 Mixer::Attention(a) => a.forward(&h, &self.rope, &cos, &sin, i, cache)?,
                 Mixer::Linear(l) => l.forward(&h, i, cache)?,
             };
-            let x1 = (&x + h)?;
+            let x1 = crate::layers::add(&x, &h)?;
             let h = layer.post_attn_norm.forward(&x1)?;
             let h = match &layer.ffn {
                 Ffn::Dense(m) => m.forward(&h)?,
                 Ffn::Sparse(m) => m.forward(&h)?,
             };
-            x = (x1 + h)?;
+            x = crate::layers::add(&x1, &h)?;
             // DeepStack: level i of the visual features joins the residual after layer i.
             if let Some((rows, d)) = &deep {
                 if i < d.levels(hidden)? {
