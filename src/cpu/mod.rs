@@ -8,6 +8,7 @@ pub mod elementwise;
 pub mod matvec;
 pub mod pages;
 pub mod panels;
+pub mod q4_k;
 pub mod q8_0;
 pub mod roofline;
 pub mod team;

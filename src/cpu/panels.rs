@@ -1,11 +1,13 @@
-//! The driver shared by the packed-weight kernels (`q8_0`, `bf16`): a weight `[n, k]` is stored
-//! as panels of 16 rows, each panel one contiguous run of 64-byte lines whose 32-bit lane `r`
-//! belongs to the panel's row `r`. A product `x[m, k] · wᵀ` walks the panels across the rayon
-//! pool — one contiguous run of panels per thread at batch 1, so each core streams one
+//! The storage and driver shared by the packed-weight kernels (`bf16`, `q8_0`, `q4_k`): a weight
+//! `[n, k]` is stored as panels of 16 rows, each panel one contiguous run of 64-byte lines whose
+//! 32-bit lane `r` belongs to the panel's row `r`. A product `x[m, k] · wᵀ` walks the panels
+//! across the thread team (`team`) — one contiguous run of panels per thread at batch 1, so each core streams one
 //! sequential range that the hardware prefetchers follow — and within a panel takes the
 //! activation rows eight at a time, so a panel (tens of KiB) is read from memory once and
 //! re-read from the core's cache for the other rows: the same code is decode (m = 1),
 //! batched decode and prefill.
+
+use rayon::prelude::*;
 
 /// Weight rows per panel (the 32-bit lanes of a 512-bit register).
 pub const PANEL: usize = 16;
@@ -16,6 +18,50 @@ pub const PASS_ROWS: usize = 8;
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 pub struct Line(pub [u8; 64]);
+
+/// A weight `[n, k]` as panels of 16 rows, each `per_panel` lines, on huge pages (what every
+/// packed format shares; the format decides what a panel's lines hold).
+pub struct Panels {
+    pub n: usize,
+    pub k: usize,
+    per_panel: usize,
+    lines: Vec<Line>,
+}
+
+impl Panels {
+    /// `pack(p, lines)` fills panel `p`'s lines (pre-filled with `fill`), panels in parallel.
+    pub fn new(n: usize, k: usize, per_panel: usize, fill: Line, pack: impl Fn(usize, &mut [Line]) + Sync) -> Panels {
+        let mut lines = super::pages::huge_vec(n.div_ceil(PANEL) * per_panel, fill);
+        lines.par_chunks_mut(per_panel.max(1)).enumerate().for_each(|(p, l)| pack(p, l));
+        Panels { n, k, per_panel, lines }
+    }
+
+    /// The parts' rows one after another, as one weight (q/k/v, gate/up); `None` unless they
+    /// share `k` and every part is whole panels.
+    pub fn concat(parts: &[&Panels]) -> Option<Panels> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.k != first.k || p.per_panel != first.per_panel || p.n % PANEL != 0) {
+            return None;
+        }
+        let lines = super::pages::huge_copy(&parts.iter().flat_map(|p| p.lines.iter().copied()).collect::<Vec<_>>());
+        Some(Panels { n: parts.iter().map(|p| p.n).sum(), k: first.k, per_panel: first.per_panel, lines })
+    }
+
+    /// Panel `p`'s lines.
+    pub fn panel(&self, p: usize) -> &[Line] {
+        &self.lines[p * self.per_panel..(p + 1) * self.per_panel]
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.lines.len() * 64
+    }
+}
+
+impl std::fmt::Debug for Panels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[{}, {}] in panels", self.n, self.k)
+    }
+}
 
 /// `out[m, n]` from `kernel(panel, first_row, rows, res)`, which writes `res[r * 16 + lane]`
 /// for activation rows `first_row..first_row + rows` (at most `PASS_ROWS`) of one panel.

@@ -9,6 +9,7 @@ use candle_core::{DType, Module, Result, Tensor};
 use std::sync::Arc;
 
 use crate::cpu::bf16::PackedBf16;
+use crate::cpu::q4_k::PackedQ4K;
 use crate::cpu::q8_0::PackedQ8;
 use crate::weights::Weights;
 
@@ -23,6 +24,8 @@ enum Weight {
     Candle(QMatMul),
     /// Q8_0 in `cpu::q8_0`'s panel layout (the blocks it came from are dropped).
     PackedQ8(Arc<PackedQ8>),
+    /// Q4_K in `cpu::q4_k`'s panel layout (likewise).
+    PackedQ4K(Arc<PackedQ4K>),
     /// bf16 in `cpu::bf16`'s panel layout (the tensor it came from is dropped).
     PackedBf16(Arc<PackedBf16>),
 }
@@ -65,13 +68,18 @@ impl Linear {
         Linear { weight: Weight::Candle(QMatMul::Tensor(weight)), bias }
     }
 
-    /// A quantized layer (its matmul dequantizes block-wise inside the kernel). Q8_0 on a CPU
-    /// with VNNI is repacked once for `cpu::q8_0`.
+    /// A quantized layer (its matmul dequantizes block-wise inside the kernel). Q8_0 and Q4_K
+    /// on a CPU with VNNI are repacked once for `cpu::q8_0` / `cpu::q4_k`.
     pub fn quantized(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {
         let dims = weight.shape().dims().to_vec();
-        if weight.device().is_cpu() && weight.dtype() == GgmlDType::Q8_0 && dims.len() == 2 && crate::cpu::q8_0::available() {
-            if let Some(p) = PackedQ8::pack(&weight.data()?, dims[0], dims[1]) {
-                return Ok(Linear { weight: Weight::PackedQ8(Arc::new(p)), bias });
+        if weight.device().is_cpu() && dims.len() == 2 && crate::cpu::q8_0::available() {
+            let packed = match weight.dtype() {
+                GgmlDType::Q8_0 => PackedQ8::pack(&weight.data()?, dims[0], dims[1]).map(|p| Weight::PackedQ8(Arc::new(p))),
+                GgmlDType::Q4K => PackedQ4K::pack(&weight.data()?, dims[0], dims[1]).map(|p| Weight::PackedQ4K(Arc::new(p))),
+                _ => None,
+            };
+            if let Some(weight) = packed {
+                return Ok(Linear { weight, bias });
             }
         }
         Ok(Linear { weight: Weight::Candle(QMatMul::from_arc(weight)?), bias })
@@ -86,7 +94,7 @@ impl Linear {
     }
 
     pub fn is_quantized(&self) -> bool {
-        matches!(self.weight, Weight::Candle(QMatMul::QTensor(_)) | Weight::PackedQ8(_))
+        matches!(self.weight, Weight::Candle(QMatMul::QTensor(_)) | Weight::PackedQ8(_) | Weight::PackedQ4K(_))
     }
 }
 
@@ -133,6 +141,7 @@ impl Linear {
     pub fn out_dim(&self) -> Result<usize> {
         match &self.weight {
             Weight::PackedQ8(p) => Ok(p.rows()),
+            Weight::PackedQ4K(p) => Ok(p.rows()),
             Weight::PackedBf16(p) => Ok(p.rows()),
             Weight::Candle(QMatMul::Tensor(w)) => w.dim(0),
             Weight::Candle(QMatMul::TensorF16(w)) => w.dim(0),
@@ -157,6 +166,10 @@ impl Linear {
             [Weight::PackedQ8(_), ..] => {
                 let all: Option<Vec<_>> = parts.iter().map(|p| if let Weight::PackedQ8(w) = &p.weight { Some(&**w) } else { None }).collect();
                 all.and_then(|a| PackedQ8::concat(&a)).map(|w| Weight::PackedQ8(Arc::new(w)))
+            }
+            [Weight::PackedQ4K(_), ..] => {
+                let all: Option<Vec<_>> = parts.iter().map(|p| if let Weight::PackedQ4K(w) = &p.weight { Some(&**w) } else { None }).collect();
+                all.and_then(|a| PackedQ4K::concat(&a)).map(|w| Weight::PackedQ4K(Arc::new(w)))
             }
             _ => {
                 let all: Option<Vec<_>> = parts.iter().map(|p| p.dense_weight()).collect();
@@ -225,14 +238,14 @@ fn packed_bf16(x: &Tensor, p: &PackedBf16, bias: Option<&Tensor>) -> Result<Tens
     packed_output(x, out, p.rows(), bias)
 }
 
-/// Any product with a packed Q8_0 weight (on the CPU by construction): `[..., k]` rows in
-/// f32, the result in the input's dtype.
-fn packed_q8_0(x: &Tensor, p: &PackedQ8, bias: Option<&Tensor>) -> Result<Tensor> {
-    let rows = packed_rows(x, p.cols())?;
+/// Any product with a packed Q8_0 or Q4_K weight (on the CPU by construction): `[..., k]`
+/// rows in f32, the result in the input's dtype.
+fn packed_quant(x: &Tensor, (n, k): (usize, usize), matmul: impl Fn(&[f32], usize, &mut [f32]), bias: Option<&Tensor>) -> Result<Tensor> {
+    let rows = packed_rows(x, k)?;
     let xs: Vec<f32> = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
-    let mut out = vec![0f32; rows * p.rows()];
-    p.matmul(&xs, rows, &mut out);
-    packed_output(x, out, p.rows(), bias)
+    let mut out = vec![0f32; rows * n];
+    matmul(&xs, rows, &mut out);
+    packed_output(x, out, n, bias)
 }
 
 /// Rows of `x` for a packed weight of `k` columns.
@@ -264,7 +277,8 @@ fn packed_output(x: &Tensor, mut out: Vec<f32>, n: usize, bias: Option<&Tensor>)
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
-            Weight::PackedQ8(p) => return packed_q8_0(x, p, self.bias.as_ref()),
+            Weight::PackedQ8(p) => return packed_quant(x, (p.rows(), p.cols()), |x, m, o| p.matmul(x, m, o), self.bias.as_ref()),
+            Weight::PackedQ4K(p) => return packed_quant(x, (p.rows(), p.cols()), |x, m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedBf16(p) => return packed_bf16(x, p, self.bias.as_ref()),
             Weight::Candle(QMatMul::Tensor(w)) if let Some(y) = cpu_matvec(x, w)? => y,
             // Dense: fold leading dims into rows and use one plain matmul (a broadcast batched

@@ -1,0 +1,274 @@
+//! Q4_K weights (llama.cpp's k-quant: per 256 values an f16 scale `d` and min `dmin`, eight
+//! 6-bit sub-block scales and mins, 128 bytes of 4-bit values) repacked once at load for
+//! AVX-512 VNNI, and their product with any number of activation rows. The activations are
+//! quantized to Q8_K as ggml's `quantize_row_q8_K` does (candle's too), so a block pair is
+//! `d_x · (d · Σ_j sc_j · dot_j − dmin · Σ_j m_j · Σx_j)` with exact integer dots `dot_j` of
+//! each 32-value sub-block — the sum candle and llama.cpp compute, in another order.
+//!
+//! Layout: panel `p` holds weight rows `16p..16p+16` (padding rows are zero); per block it
+//! stores 37 lines. Line 0: the 16 rows' `d` then their `dmin` (f16). Lines 1–2: `sc_j` as a
+//! byte per row (`[j][row]`). Lines 3–4: the mins as byte pairs `(m_2i, m_2i+1)` per row
+//! (`[i][row][2]`), widened in registers to the 16-bit pairs `vpdpwssd` takes. Lines 5–36: the
+//! 4-bit values exactly as the block stores them, four bytes per row per line: line `5 + 8q + t`
+//! lane `r` is row `r`'s bytes `32q + 4t..32q + 4t + 4`, whose low nibbles are values
+//! `64q + 4t..` (sub-block `2q`) and high nibbles values `64q + 32 + 4t..` (sub-block `2q + 1`).
+//! So one masked line and one `vpdpbusd` (unsigned 4-bit × signed 8-bit) advance 16 rows by four
+//! values. 2,368 bytes per 16 rows and 256 values: 2.8 % more than the blocks' 2,304.
+
+use super::panels::{Line, Panels, PANEL};
+
+/// Values of one Q4_K block.
+pub const BLOCK: usize = 256;
+/// Bytes of one Q4_K block as llama.cpp stores it.
+pub const BLOCK_BYTES: usize = 144;
+/// Lines of one panel's block.
+const LINES: usize = 37;
+const META: usize = 5;
+
+/// A Q4_K weight `[n, k]` in the panel layout above.
+#[derive(Debug)]
+pub struct PackedQ4K(Panels);
+
+/// Whether this machine runs the kernel (and the dispatch level allows AVX-512).
+pub fn available() -> bool {
+    super::q8_0::available()
+}
+
+/// Sub-block `j`'s 6-bit scale and min from a block's 12 scale bytes (ggml's `get_scale_min_k4`).
+fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+impl PackedQ4K {
+    /// Repacks `n` rows of `k / 256` llama.cpp Q4_K blocks. `None` when `k` is not whole blocks
+    /// or `blocks` is shorter than the shape says.
+    pub fn pack(blocks: &[u8], n: usize, k: usize) -> Option<PackedQ4K> {
+        let nb = k / BLOCK;
+        if k == 0 || k % BLOCK != 0 || blocks.len() < n * nb * BLOCK_BYTES {
+            return None;
+        }
+        Some(PackedQ4K(Panels::new(n, k, nb * LINES, Line([0; 64]), |p, l| {
+            for r in 0..PANEL.min(n - p * PANEL) {
+                let row = &blocks[(p * PANEL + r) * nb * BLOCK_BYTES..][..nb * BLOCK_BYTES];
+                for (b, blk) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+                    let l = &mut l[b * LINES..(b + 1) * LINES];
+                    l[0].0[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+                    l[0].0[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+                    for j in 0..8 {
+                        let (sc, m) = scale_min(j, &blk[4..16]);
+                        l[1 + j / 4].0[(j % 4) * PANEL + r] = sc;
+                        l[3 + j / 4].0[(j / 2 % 2) * 32 + 2 * r + j % 2] = m;
+                    }
+                    for (i, &q) in blk[16..].iter().enumerate() {
+                        l[META + i / 4].0[4 * r + i % 4] = q;
+                    }
+                }
+            }
+        })))
+    }
+
+    pub fn rows(&self) -> usize {
+        self.0.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.0.k
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.0.bytes()
+    }
+
+    /// The parts' rows one after another (q/k/v, gate/up); `None` unless they share `k` and
+    /// every part is whole panels.
+    pub fn concat(parts: &[&PackedQ4K]) -> Option<PackedQ4K> {
+        Panels::concat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>()).map(PackedQ4K)
+    }
+
+    /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are
+    /// shorter than the shapes.
+    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        assert!(available(), "PackedQ4K::matmul needs AVX-512 VNNI");
+        let (n, k) = (self.0.n, self.0.k);
+        assert!(x.len() >= m * k && out.len() >= m * n, "PackedQ4K::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
+        let act = Q8K::quantize(&x[..m * k], m, k);
+        super::panels::run(n, m, out, |p, g, mg, res| {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `available()` checked avx512f/bw and avx512vnni; the panel holds `k / 256`
+            // blocks and the activations `mg` rows from `g`.
+            unsafe {
+                vnni::panel(self.0.panel(p), k / BLOCK, &act, g, mg, res)
+            };
+        });
+    }
+}
+
+/// Activations quantized per 256 values as ggml's `quantize_row_q8_K`: `q = round(−127 / max
+/// · x)` where `max` is the value of largest magnitude, `d = −max / 127`.
+struct Q8K {
+    /// int8 values, four to an i32 (the quadruple `vpdpbusd` broadcasts).
+    q: Vec<i32>,
+    d: Vec<f32>,
+    /// Per block, the sums of its eight 32-value sub-blocks as 16-bit pairs `(2i, 2i + 1)`.
+    sums: Vec<i32>,
+}
+
+impl Q8K {
+    fn quantize(x: &[f32], m: usize, k: usize) -> Q8K {
+        let nb = m * k / BLOCK;
+        let (mut q, mut d, mut sums) = (vec![0i32; m * k / 4], vec![0f32; nb], vec![0i32; nb * 4]);
+        for (b, xs) in x.chunks_exact(BLOCK).enumerate() {
+            let (amax, max) = xs.iter().fold((0f32, 0f32), |(a, m), &v| if v.abs() > a { (v.abs(), v) } else { (a, m) });
+            if amax == 0.0 {
+                continue;
+            }
+            let iscale = -127.0 / max;
+            let mut sub = [0i32; 8];
+            for (i, quad) in q[b * BLOCK / 4..(b + 1) * BLOCK / 4].iter_mut().enumerate() {
+                let v = [0, 1, 2, 3].map(|j| (iscale * xs[4 * i + j]).round().clamp(-128.0, 127.0) as i8);
+                sub[i / 8] += v.iter().map(|&v| v as i32).sum::<i32>();
+                *quad = i32::from_le_bytes(v.map(|v| v as u8));
+            }
+            for i in 0..4 {
+                sums[b * 4 + i] = (sub[2 * i] as i16 as u16 as i32) | ((sub[2 * i + 1] as i16 as i32) << 16);
+            }
+            d[b] = 1.0 / iscale;
+        }
+        Q8K { q, d, sums }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::super::panels::{Line, PANEL};
+    use super::{Q8K, LINES, META};
+    use std::arch::x86_64::*;
+
+    /// Blocks ahead to prefetch at batch 1 (a block is 37 lines).
+    const PREFETCH: usize = 2;
+
+    /// One panel against activation rows `g..g + mg`: `res[r * 16 + lane]`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn panel(lines: &[Line], nb: usize, a: &Q8K, g: usize, mg: usize, res: &mut [f32]) {
+        let mut r = 0;
+        while r < mg {
+            let left = mg - r;
+            let out = &mut res[r * PANEL..];
+            match left {
+                1 => rows::<1>(lines, nb, a, g + r, out),
+                2 => rows::<2>(lines, nb, a, g + r, out),
+                3 => rows::<3>(lines, nb, a, g + r, out),
+                _ => rows::<4>(lines, nb, a, g + r, out),
+            }
+            r += left.min(4);
+        }
+    }
+
+    /// `M` activation rows from `g` (a constant, so the accumulators stay in registers).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn rows<const M: usize>(lines: &[Line], nb: usize, a: &Q8K, g: usize, res: &mut [f32]) {
+        let nibble = _mm512_set1_epi8(0x0f);
+        let mut acc = [_mm512_setzero_ps(); M];
+        for b in 0..nb {
+            let l = lines.as_ptr().add(b * LINES) as *const __m512i;
+            if M <= 2 {
+                for h in 0..LINES {
+                    _mm_prefetch::<_MM_HINT_T0>(l.add(LINES * PREFETCH + h) as *const i8);
+                }
+            }
+            // Row r's activation quadruple `quad` of this block, broadcast.
+            macro_rules! x {
+                ($r:expr, $quad:expr) => {
+                    _mm512_set1_epi32(*a.q.as_ptr().add((($r + g) * nb + b) * 64 + $quad))
+                };
+            }
+            let meta = _mm512_load_si512(l);
+            let mut isum = [_mm512_setzero_si512(); M];
+            for q in 0..4 {
+                let mut lo = [_mm512_setzero_si512(); M];
+                let mut hi = [_mm512_setzero_si512(); M];
+                for t in 0..8 {
+                    let w = _mm512_load_si512(l.add(META + 8 * q + t));
+                    let (wl, wh) = (_mm512_and_si512(w, nibble), _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibble));
+                    for r in 0..M {
+                        lo[r] = _mm512_dpbusd_epi32(lo[r], wl, x!(r, 16 * q + t));
+                        hi[r] = _mm512_dpbusd_epi32(hi[r], wh, x!(r, 16 * q + 8 + t));
+                    }
+                }
+                // Sub-blocks 2q and 2q + 1's scales, a byte per row.
+                let sc = l.add(1) as *const u8;
+                let sl = _mm512_cvtepu8_epi32(_mm_loadu_si128(sc.add(2 * q * PANEL) as *const __m128i));
+                let sh = _mm512_cvtepu8_epi32(_mm_loadu_si128(sc.add((2 * q + 1) * PANEL) as *const __m128i));
+                for r in 0..M {
+                    isum[r] = _mm512_add_epi32(isum[r], _mm512_add_epi32(_mm512_mullo_epi32(lo[r], sl), _mm512_mullo_epi32(hi[r], sh)));
+                }
+            }
+            // Σ_j m_j · Σx_j as four 16-bit pair products per row.
+            let mins = l.add(3) as *const __m256i;
+            let mut msum = [_mm512_setzero_si512(); M];
+            for i in 0..4 {
+                let mp = _mm512_cvtepu8_epi16(_mm256_load_si256(mins.add(i)));
+                for (r, s) in msum.iter_mut().enumerate() {
+                    *s = _mm512_dpwssd_epi32(*s, mp, _mm512_set1_epi32(*a.sums.as_ptr().add(((g + r) * nb + b) * 4 + i)));
+                }
+            }
+            let d = _mm512_cvtph_ps(_mm512_castsi512_si256(meta));
+            let dmin = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(meta));
+            for r in 0..M {
+                let dx = _mm512_set1_ps(*a.d.as_ptr().add((g + r) * nb + b));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, dx), acc[r]);
+                acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[r]), _mm512_mul_ps(dmin, dx), acc[r]);
+            }
+        }
+        for (r, v) in acc.iter().enumerate() {
+            _mm512_storeu_ps(res.as_mut_ptr().add(r * PANEL), *v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{Device, Module, Tensor};
+
+    /// Against candle's own Q4_K matmul (which quantizes the activations to Q8_K the same way):
+    /// rows that are not whole panels, one to many passes of activation rows, several blocks.
+    #[test]
+    fn matches_candle_q4k_matmul() -> candle_core::Result<()> {
+        if !available() {
+            eprintln!("no AVX-512 VNNI: candle's kernels run instead");
+            return Ok(());
+        }
+        let dev = Device::Cpu;
+        for &(m, k, n) in &[(1, 256, 37), (1, 1024, 130), (2, 512, 16), (5, 256, 20), (11, 768, 9), (40, 512, 33)] {
+            let x = Tensor::randn(0f32, 1., (m, k), &dev)?;
+            let q = QTensor::quantize(&Tensor::randn(0f32, 1., (n, k), &dev)?, GgmlDType::Q4K)?;
+            let packed = PackedQ4K::pack(&q.data()?, n, k).expect("whole blocks");
+            assert_eq!(packed.bytes(), n.div_ceil(16) * k / 256 * 37 * 64);
+            let want = QMatMul::from_qtensor(q)?.forward(&x)?.to_vec2::<f32>()?;
+            let mut got = vec![0f32; m * n];
+            packed.matmul(&x.flatten_all()?.to_vec1::<f32>()?, m, &mut got);
+            let scale = want.iter().flatten().fold(1f32, |a, &b| a.max(b.abs()));
+            for r in 0..m {
+                for j in 0..n {
+                    assert!((want[r][j] - got[r * n + j]).abs() <= 1e-4 * scale, "{m}x{k}x{n} [{r},{j}]: {} vs {}", want[r][j], got[r * n + j]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows that are not whole blocks, or too few bytes, are refused rather than misread.
+    #[test]
+    fn refuses_partial_blocks() {
+        assert!(PackedQ4K::pack(&[0u8; 144 * 4], 2, 384).is_none());
+        assert!(PackedQ4K::pack(&[0u8; 144 * 3], 2, 512).is_none());
+        assert!(PackedQ4K::pack(&[0u8; 144 * 4], 2, 512).is_some());
+    }
+}
