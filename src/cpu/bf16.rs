@@ -9,22 +9,11 @@
 //! kernel in `matvec` computes them. Same bytes as the plain weight.
 
 use half::bf16;
-use rayon::prelude::*;
-
-use super::panels::{Line, PANEL};
+use super::panels::{Line, Panels, PANEL};
 
 /// A bf16 weight `[n, k]` in the panel layout above.
-pub struct PackedBf16 {
-    n: usize,
-    k: usize,
-    lines: Vec<Line>,
-}
-
-impl std::fmt::Debug for PackedBf16 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PackedBf16 [{}, {}]", self.n, self.k)
-    }
-}
+#[derive(Debug)]
+pub struct PackedBf16(Panels);
 
 /// Whether this machine runs the kernel (and the dispatch level allows AVX-512).
 pub fn available() -> bool {
@@ -40,42 +29,34 @@ impl PackedBf16 {
     /// Repacks a row-major `[n, k]` weight. Panics if `w` is shorter than the shape.
     pub fn pack(w: &[bf16], n: usize, k: usize) -> PackedBf16 {
         assert!(w.len() >= n * k, "PackedBf16::pack: {} values for [{n}, {k}]", w.len());
-        let pairs = k.div_ceil(2);
-        let mut lines = super::pages::huge_vec(n.div_ceil(PANEL) * pairs, Line([0; 64]));
-        lines.par_chunks_mut(pairs).enumerate().for_each(|(p, l)| {
+        PackedBf16(Panels::new(n, k, k.div_ceil(2), Line([0; 64]), |p, l| {
             for r in 0..PANEL.min(n - p * PANEL) {
                 for (i, v) in w[(p * PANEL + r) * k..][..k].iter().enumerate() {
                     l[i / 2].0[4 * r + 2 * (i % 2)..][..2].copy_from_slice(&v.to_bits().to_le_bytes());
                 }
             }
-        });
-        PackedBf16 { n, k, lines }
+        }))
     }
 
     pub fn rows(&self) -> usize {
-        self.n
+        self.0.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.0.k
     }
 
     /// The parts' rows one after another, as one weight (q/k/v, gate/up); `None` unless they
     /// share `k` and every part is whole panels.
     pub fn concat(parts: &[&PackedBf16]) -> Option<PackedBf16> {
-        let k = parts.first()?.k;
-        if parts.iter().any(|p| p.k != k || p.n % PANEL != 0) {
-            return None;
-        }
-        let lines = super::pages::huge_copy(&parts.iter().flat_map(|p| p.lines.iter().copied()).collect::<Vec<_>>());
-        Some(PackedBf16 { n: parts.iter().map(|p| p.n).sum(), k, lines })
-    }
-
-    pub fn cols(&self) -> usize {
-        self.k
+        Panels::concat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>()).map(PackedBf16)
     }
 
     /// `out[m, n] = x[m, k] · wᵀ` in f32. Call only when `available()`; panics if the slices
     /// are shorter than the shapes.
     pub fn matmul(&self, x: &[bf16], m: usize, out: &mut [f32]) {
         assert!(available(), "PackedBf16::matmul needs AVX-512 BF16");
-        let (n, k, pairs) = (self.n, self.k, self.k.div_ceil(2));
+        let (n, k, pairs) = (self.0.n, self.0.k, self.0.k.div_ceil(2));
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedBf16::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
         // Activation pairs as the 32-bit values the kernel broadcasts.
         let mut xp = vec![0u32; m * pairs];
@@ -89,7 +70,7 @@ impl PackedBf16 {
             // SAFETY: `available()` checked avx512f and avx512bf16; the panel holds `pairs`
             // lines and the activations `mg` rows of `pairs` from `g`.
             unsafe {
-                dp::panel(&self.lines[p * pairs..(p + 1) * pairs], &xp[g * pairs..(g + mg) * pairs], pairs, mg, res)
+                dp::panel(self.0.panel(p), &xp[g * pairs..(g + mg) * pairs], pairs, mg, res)
             };
         });
     }

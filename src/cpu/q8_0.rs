@@ -10,30 +10,21 @@
 //! format needs about 10 per row). `vpdpbusd` multiplies unsigned by signed bytes: the weights
 //! are stored offset by 128 (`w ^ 0x80`), and the offset's share, 128 × Σx over the block, is
 //! taken off exactly by starting the integer accumulator at −128·Σx. The panel's 16 f16 scales
-//! per block sit in their own array. Same bytes as the blocks (34 per 32 weights).
+//! per block follow its blocks' lines (`[block][row]`). Same bytes as the blocks (34 per 32
+//! weights) up to the last scale line's padding.
 
 use half::f16;
 use rayon::prelude::*;
 
-use super::panels::{Line, PANEL};
+use super::panels::{Line, Panels, PANEL};
 
 /// Values of one Q8_0 block.
 pub const BLOCK: usize = 32;
 /// Bytes of one Q8_0 block as llama.cpp stores it.
 pub const BLOCK_BYTES: usize = 34;
 /// A Q8_0 weight `[n, k]` in the panel layout above.
-pub struct PackedQ8 {
-    n: usize,
-    k: usize,
-    lines: Vec<Line>,
-    scales: Vec<f16>,
-}
-
-impl std::fmt::Debug for PackedQ8 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PackedQ8 [{}, {}]", self.n, self.k)
-    }
-}
+#[derive(Debug)]
+pub struct PackedQ8(Panels);
 
 /// Whether this machine runs the kernel (and the dispatch level allows AVX-512).
 pub fn available() -> bool {
@@ -53,58 +44,53 @@ impl PackedQ8 {
         if k == 0 || k % BLOCK != 0 || blocks.len() < n * nb * BLOCK_BYTES {
             return None;
         }
-        let panels = n.div_ceil(PANEL);
         // 0x80 is a zero weight once offset; padding rows have zero scales as well.
-        let mut lines = super::pages::huge_vec(panels * nb * 8, Line([0x80; 64]));
-        let mut scales = vec![f16::ZERO; panels * nb * PANEL];
-        lines.par_chunks_mut(nb * 8).zip(scales.par_chunks_mut(nb * PANEL)).enumerate().for_each(|(p, (l, s))| {
+        Some(PackedQ8(Panels::new(n, k, nb * 8 + scale_lines(nb), Line([0x80; 64]), |p, l| {
+            let (l, s) = l.split_at_mut(nb * 8);
+            s.fill(Line([0; 64]));
             for r in 0..PANEL.min(n - p * PANEL) {
                 let row = &blocks[(p * PANEL + r) * nb * BLOCK_BYTES..][..nb * BLOCK_BYTES];
                 for (b, blk) in row.chunks_exact(BLOCK_BYTES).enumerate() {
-                    s[b * PANEL + r] = f16::from_le_bytes([blk[0], blk[1]]);
+                    let at = (b * PANEL + r) * 2;
+                    s[at / 64].0[at % 64..at % 64 + 2].copy_from_slice(&blk[..2]);
                     for (i, &q) in blk[2..].iter().enumerate() {
                         l[b * 8 + i / 4].0[4 * r + i % 4] = q ^ 0x80;
                     }
                 }
             }
-        });
-        Some(PackedQ8 { n, k, lines, scales })
+        })))
     }
 
     pub fn rows(&self) -> usize {
-        self.n
+        self.0.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.0.k
     }
 
     /// The parts' rows one after another, as one weight (q/k/v, gate/up); `None` unless they
     /// share `k` and every part is whole panels.
     pub fn concat(parts: &[&PackedQ8]) -> Option<PackedQ8> {
-        let k = parts.first()?.k;
-        if parts.iter().any(|p| p.k != k || p.n % PANEL != 0) {
-            return None;
-        }
-        let lines = super::pages::huge_copy(&parts.iter().flat_map(|p| p.lines.iter().copied()).collect::<Vec<_>>());
-        let scales = parts.iter().flat_map(|p| p.scales.iter().copied()).collect();
-        Some(PackedQ8 { n: parts.iter().map(|p| p.n).sum(), k, lines, scales })
-    }
-
-    pub fn cols(&self) -> usize {
-        self.k
+        Panels::concat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>()).map(PackedQ8)
     }
 
     /// Bytes held (quantized values and scales).
     pub fn bytes(&self) -> usize {
-        self.lines.len() * 64 + self.scales.len() * 2
+        self.0.bytes()
     }
 
     /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are
     /// shorter than the shapes.
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
         assert!(available(), "PackedQ8::matmul needs AVX-512 VNNI");
-        let (n, k, nb) = (self.n, self.k, self.k / BLOCK);
+        let (n, k, nb) = (self.0.n, self.0.k, self.0.k / BLOCK);
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedQ8::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
         let act = Activations::quantize(&x[..m * k], m, k);
         super::panels::run(n, m, out, |p, g, mg, res| {
-            let (lines, scales) = (&self.lines[p * nb * 8..(p + 1) * nb * 8], &self.scales[p * nb * PANEL..(p + 1) * nb * PANEL]);
+            let (lines, tail) = self.0.panel(p).split_at(nb * 8);
+            // SAFETY: the tail lines hold the panel's `nb × 16` f16 scales (64-byte aligned).
+            let scales = unsafe { std::slice::from_raw_parts(tail.as_ptr() as *const f16, nb * PANEL) };
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `available()` checked avx512f and avx512vnni; the slices hold `nb` blocks
             // of this panel and the activations `mg` rows from `g`.
@@ -113,6 +99,11 @@ impl PackedQ8 {
             };
         });
     }
+}
+
+/// Lines after a panel's blocks that hold its f16 scales (`[block][row]`).
+fn scale_lines(nb: usize) -> usize {
+    (nb * PANEL * 2).div_ceil(64)
 }
 
 /// Activations quantized per 32 values, as ggml's `quantize_row_q8_0`.
@@ -238,7 +229,7 @@ mod tests {
             let x = Tensor::randn(0f32, 1., (m, k), &dev)?;
             let q = QTensor::quantize(&Tensor::randn(0f32, 1., (n, k), &dev)?, GgmlDType::Q8_0)?;
             let packed = PackedQ8::pack(&q.data()?, n, k).expect("whole blocks");
-            assert_eq!(packed.bytes(), n.div_ceil(16) * 16 * k / 32 * 34);
+            assert_eq!(packed.bytes(), n.div_ceil(16) * (16 * k / 32 * 32 + (k / 32 * 32).div_ceil(64) * 64));
             let want = QMatMul::from_qtensor(q)?.forward(&x)?.to_vec2::<f32>()?;
             let mut got = vec![0f32; m * n];
             packed.matmul(&x.flatten_all()?.to_vec1::<f32>()?, m, &mut got);
