@@ -1,7 +1,7 @@
 //! Decode attention on the CPU that reads K/V where they lie: each query token attends over
 //! the rows `slots` of a `[positions, kv_heads·d]` K and V store (the engine's paged pool, or
 //! a dense cache's tensors), with no gathered copy per sequence per layer. One query token per
-//! sequence (a decode step of many sequences at once); every (sequence, head) pair is a rayon
+//! sequence (a decode step of many sequences at once); every (sequence, head) pair is a team
 //! task. Scores, softmax and sums are f32 whatever the store's type, as transformers upcasts
 //! attention weights.
 

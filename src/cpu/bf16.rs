@@ -143,6 +143,7 @@ mod dp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::testing::assert_close;
     use candle_core::{DType, Device, Tensor};
 
     /// Against f32 products of the same bf16 values: odd row lengths, rows that are not whole
@@ -161,12 +162,7 @@ mod tests {
             let packed = PackedBf16::pack(&w.flatten_all()?.to_vec1::<bf16>()?, n, k);
             let mut got = vec![0f32; m * n];
             packed.matmul(&x.flatten_all()?.to_vec1::<bf16>()?, m, &mut got);
-            let scale = want.iter().flatten().fold(1f32, |a, &b| a.max(b.abs()));
-            for r in 0..m {
-                for j in 0..n {
-                    assert!((want[r][j] - got[r * n + j]).abs() <= 1e-5 * scale, "{m}x{k}x{n} [{r},{j}]: {} vs {}", want[r][j], got[r * n + j]);
-                }
-            }
+            assert_close(&want, &got, 1e-5, &format!("{m}x{k}x{n}"));
         }
         Ok(())
     }

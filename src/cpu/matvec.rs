@@ -3,7 +3,7 @@
 //! every weight once per token, so the kernel streams `w` exactly once per call at the memory
 //! bandwidth, keeping the `m` activation rows in cache; bf16 weights are widened to f32 in
 //! registers (a 16-bit shift), so bf16 halves the bytes read without losing f32 accumulation.
-//! Output rows are split across the rayon pool.
+//! Output rows are split across the thread team (`team`).
 
 use half::bf16;
 
@@ -34,7 +34,7 @@ impl Elem for bf16 {
     }
 }
 
-/// Weight rows per rayon task. One activation row (batch-1 decode) is bound by each core's
+/// Weight rows per task. One activation row (batch-1 decode) is bound by each core's
 /// share of the bandwidth: one contiguous stream per thread keeps the hardware prefetchers on
 /// it (measured on the 2-core box over a 0.5B model's layer shapes: 18.3 GB/s with 16 tasks
 /// per matrix, 24.3 GB/s with one per thread, on the pool). More rows are compute-heavier and

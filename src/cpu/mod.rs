@@ -15,10 +15,10 @@ pub mod team;
 
 use std::sync::OnceLock;
 
-/// Runs `f` on a worker of the rayon pool when called from outside it (and on the CPU). A
-/// decode step is a few hundred short parallel products: from outside the pool each one would
-/// wake a worker and then the caller again; from a worker it is a join with the other
-/// workers, which are still spinning from the last one.
+/// Runs `f` on a worker of the rayon pool when called from outside it (and on the CPU). The
+/// products of a step run on `team`, but candle's own parallel ops (norms, softmax, casts)
+/// called from outside the pool are each injected into it and wait for a worker to wake; from
+/// a worker they run in place.
 pub fn on_pool<R: Send>(device: &candle_core::Device, f: impl FnOnce() -> R + Send) -> R {
     if device.is_cpu() && rayon::current_thread_index().is_none() {
         rayon::scope(|_| f())
@@ -83,4 +83,46 @@ pub fn level() -> Level {
         tracing::info!("cpu kernels: {} (detected {})", level.name(), best.name());
         level
     })
+}
+
+/// What the packed kernels' tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{Device, Module, Result, Tensor};
+
+    /// A random `[m, k]` input, an `[n, k]` weight quantized to `dtype` (its blocks' bytes) and
+    /// candle's own product of the two (which quantizes the input as ggml does).
+    pub fn quantized_case(dtype: GgmlDType, m: usize, k: usize, n: usize) -> Result<(Vec<f32>, Vec<u8>, Vec<Vec<f32>>)> {
+        let x = Tensor::randn(0f32, 1., (m, k), &Device::Cpu)?;
+        let q = QTensor::quantize(&Tensor::randn(0f32, 1., (n, k), &Device::Cpu)?, dtype)?;
+        let blocks = q.data()?.to_vec();
+        let want = QMatMul::from_qtensor(q)?.forward(&x)?.to_vec2::<f32>()?;
+        Ok((x.flatten_all()?.to_vec1()?, blocks, want))
+    }
+
+    /// A packed quantized format against candle's own product, for each `(m, k, n)`: `pack`
+    /// the blocks, check the bytes it holds (`bytes(n, k)`), and `matmul` within 1e-4.
+    pub fn packed_matches_candle<P>(dtype: GgmlDType, shapes: &[(usize, usize, usize)], pack: impl Fn(&[u8], usize, usize) -> Option<P>, held: impl Fn(&P) -> usize, bytes: impl Fn(usize, usize) -> usize, matmul: impl Fn(&P, &[f32], usize, &mut [f32])) -> Result<()> {
+        for &(m, k, n) in shapes {
+            let (x, blocks, want) = quantized_case(dtype, m, k, n)?;
+            let packed = pack(&blocks, n, k).expect("whole blocks");
+            assert_eq!(held(&packed), bytes(n, k), "{dtype:?} [{n}, {k}]: bytes held");
+            let mut got = vec![0f32; m * n];
+            matmul(&packed, &x, m, &mut got);
+            assert_close(&want, &got, 1e-4, &format!("{dtype:?} {m}x{k}x{n}"));
+        }
+        Ok(())
+    }
+
+    /// `got` (`[m, n]` row-major) equals `want` within `rel` of its largest magnitude.
+    pub fn assert_close(want: &[Vec<f32>], got: &[f32], rel: f32, what: &str) {
+        let scale = want.iter().flatten().fold(1f32, |a, &b| a.max(b.abs()));
+        let n = want.first().map_or(0, Vec::len);
+        for (r, row) in want.iter().enumerate() {
+            for (j, w) in row.iter().enumerate() {
+                assert!((w - got[r * n + j]).abs() <= rel * scale, "{what} [{r},{j}]: {w} vs {}", got[r * n + j]);
+            }
+        }
+    }
 }

@@ -234,8 +234,8 @@ mod vnni {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-    use candle_core::{Device, Module, Tensor};
+    use crate::cpu::testing::packed_matches_candle;
+    use candle_core::quantized::GgmlDType;
 
     /// Against candle's own Q4_K matmul (which quantizes the activations to Q8_K the same way):
     /// rows that are not whole panels, one to many passes of activation rows, several blocks.
@@ -245,23 +245,7 @@ mod tests {
             eprintln!("no AVX-512 VNNI: candle's kernels run instead");
             return Ok(());
         }
-        let dev = Device::Cpu;
-        for &(m, k, n) in &[(1, 256, 37), (1, 1024, 130), (2, 512, 16), (5, 256, 20), (11, 768, 9), (40, 512, 33)] {
-            let x = Tensor::randn(0f32, 1., (m, k), &dev)?;
-            let q = QTensor::quantize(&Tensor::randn(0f32, 1., (n, k), &dev)?, GgmlDType::Q4K)?;
-            let packed = PackedQ4K::pack(&q.data()?, n, k).expect("whole blocks");
-            assert_eq!(packed.bytes(), n.div_ceil(16) * k / 256 * 37 * 64);
-            let want = QMatMul::from_qtensor(q)?.forward(&x)?.to_vec2::<f32>()?;
-            let mut got = vec![0f32; m * n];
-            packed.matmul(&x.flatten_all()?.to_vec1::<f32>()?, m, &mut got);
-            let scale = want.iter().flatten().fold(1f32, |a, &b| a.max(b.abs()));
-            for r in 0..m {
-                for j in 0..n {
-                    assert!((want[r][j] - got[r * n + j]).abs() <= 1e-4 * scale, "{m}x{k}x{n} [{r},{j}]: {} vs {}", want[r][j], got[r * n + j]);
-                }
-            }
-        }
-        Ok(())
+        packed_matches_candle(GgmlDType::Q4K, &[(1, 256, 37), (1, 1024, 130), (2, 512, 16), (5, 256, 20), (11, 768, 9), (40, 512, 33)], PackedQ4K::pack, PackedQ4K::bytes, |n, k| n.div_ceil(16) * k / 256 * 37 * 64, PackedQ4K::matmul)
     }
 
     /// Rows that are not whole blocks, or too few bytes, are refused rather than misread.
