@@ -176,9 +176,12 @@ mod vnni {
         let mut acc = [_mm512_setzero_ps(); M];
         for b in 0..nb {
             let l = lines.as_ptr().add(b * LINES) as *const __m512i;
+            // At batch 1 the panels are one stream: ask for it PREFETCH blocks ahead, a line
+            // per line read (a burst of 37 fills the line-fill buffers and stalls the loads).
+            let ahead = l.add(LINES * PREFETCH);
             if M <= 2 {
-                for h in 0..LINES {
-                    _mm_prefetch::<_MM_HINT_T0>(l.add(LINES * PREFETCH + h) as *const i8);
+                for h in 32..LINES {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.add(h) as *const i8);
                 }
             }
             // Row r's activation quadruple `quad` of this block, broadcast.
@@ -193,6 +196,9 @@ mod vnni {
                 let mut lo = [_mm512_setzero_si512(); M];
                 let mut hi = [_mm512_setzero_si512(); M];
                 for t in 0..8 {
+                    if M <= 2 {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.add(8 * q + t) as *const i8);
+                    }
                     let w = _mm512_load_si512(l.add(META + 8 * q + t));
                     let (wl, wh) = (_mm512_and_si512(w, nibble), _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibble));
                     for r in 0..M {
