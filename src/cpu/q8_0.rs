@@ -185,11 +185,12 @@ mod vnni {
             let line = lines.as_ptr().add(b * 8) as *const __m512i;
             // At batch 1 the panels are one stream: ask for it PREFETCH blocks ahead (past the
             // panel's end is the next panel; a prefetch never faults).
-            for h in 0..4 {
-                if M <= 2 {
-                    _mm_prefetch::<_MM_HINT_T0>(line.add(8 * PREFETCH + 2 * h) as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(line.add(8 * PREFETCH + 2 * h + 1) as *const i8);
+            if M <= 2 {
+                for h in 0..8 {
+                    _mm_prefetch::<_MM_HINT_T0>(line.add(8 * PREFETCH + h) as *const i8);
                 }
+            }
+            for h in 0..4 {
                 let (w0, w1) = (_mm512_load_si512(line.add(2 * h)), _mm512_load_si512(line.add(2 * h + 1)));
                 for r in 0..M {
                     let x = q.add(r * kq + b * 8 + 2 * h);
