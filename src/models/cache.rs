@@ -39,8 +39,41 @@ pub trait StepCache: Send {
 /// Contiguous per-layer K/V and recurrent state for a single sequence.
 #[derive(Default)]
 pub struct DenseCache {
-    kv: Vec<Option<(Tensor, Tensor)>>,
+    kv: Vec<Option<LayerKv>>,
     states: HashMap<usize, RecurrentState>,
+}
+
+/// One layer's K/V rows `0..len` in buffers `[capacity, kv_heads, d]` that double when full, so
+/// a decode step writes its row in place instead of copying the whole cache (which made a long
+/// generation quadratic).
+struct LayerKv {
+    k: Tensor,
+    v: Tensor,
+    len: usize,
+}
+
+impl LayerKv {
+    /// Appends `k, v: [T, kv_heads, d]`; returns every cached row.
+    fn append(slot: &mut Option<LayerKv>, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (k, v) = (k.contiguous()?, v.contiguous()?);
+        let len = slot.as_ref().map_or(0, |l| l.len);
+        let need = len + k.dim(0)?;
+        if slot.as_ref().is_none_or(|l| l.k.dim(0).unwrap_or(0) < need) {
+            let cap = need.max(64).next_power_of_two();
+            let (_, kvh, d) = k.dims3()?;
+            let grown = LayerKv { k: Tensor::zeros((cap, kvh, d), k.dtype(), k.device())?, v: Tensor::zeros((cap, kvh, d), v.dtype(), v.device())?, len };
+            if let Some(old) = slot.as_ref().filter(|l| l.len > 0) {
+                grown.k.slice_set(&old.k.narrow(0, 0, len)?.contiguous()?, 0, 0)?;
+                grown.v.slice_set(&old.v.narrow(0, 0, len)?.contiguous()?, 0, 0)?;
+            }
+            *slot = Some(grown);
+        }
+        let l = slot.as_mut().expect("grown above");
+        l.k.slice_set(&k, 0, len)?;
+        l.v.slice_set(&v, 0, len)?;
+        l.len = need;
+        Ok((l.k.narrow(0, 0, need)?, l.v.narrow(0, 0, need)?))
+    }
 }
 
 impl DenseCache {
@@ -49,10 +82,7 @@ impl DenseCache {
     }
     /// Tokens whose K/V are cached (0 for a model without attention layers).
     pub fn len(&self) -> usize {
-        match self.kv.iter().flatten().next() {
-            Some((k, _)) => k.dim(0).unwrap_or(0),
-            None => 0,
-        }
+        self.kv.iter().flatten().next().map_or(0, |l| l.len)
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -70,12 +100,9 @@ impl StepCache for DenseCache {
 
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
         if self.kv.len() <= layer {
-            self.kv.resize(layer + 1, None);
+            self.kv.resize_with(layer + 1, || None);
         }
-        let (k_all, v_all) = match self.kv[layer].take() {
-            Some((pk, pv)) => (Tensor::cat(&[&pk, k], 0)?, Tensor::cat(&[&pv, v], 0)?),
-            None => (k.clone(), v.clone()),
-        };
+        let (k_all, v_all) = LayerKv::append(&mut self.kv[layer], k, v)?;
         // One new token: the CPU kernel the engine's decode uses, over the rows in place.
         let (s, kvh, d) = k_all.dims3()?;
         let slots: Vec<u32> = (0..s as u32).collect();
@@ -87,7 +114,6 @@ impl StepCache for DenseCache {
             Some(o) => o,
             None => causal_gqa(q, &k_all, &v_all, scale)?,
         };
-        self.kv[layer] = Some((k_all, v_all));
         Ok(out)
     }
 
