@@ -136,7 +136,7 @@ impl Team {
             let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.wake.notify_all();
         }
-        self.claim_all(epoch);
+        self.claim_all();
         let mut spins = 0u32;
         while self.done.load(Acquire) < tasks {
             spins += 1;
@@ -149,16 +149,16 @@ impl Team {
         self.panicked.load(Relaxed)
     }
 
-    /// Claims and runs tasks of the job with `epoch` until none is left; returns the epoch
-    /// the last claim saw.
-    fn claim_all(&self, epoch: u64) -> u64 {
+    /// Claims and runs tasks of the current job (and of any posted meanwhile) until none is
+    /// left; returns the epoch the last claim saw. (Epochs wrap at 2^24: only inequality
+    /// matters.)
+    fn claim_all(&self) -> u64 {
         loop {
             let w = self.word.fetch_add(1, AcqRel);
             let (e, tasks, i) = (w >> (2 * FIELD), (w >> FIELD) & MASK, w & MASK);
             if i >= tasks {
                 return e;
             }
-            debug_assert!(e >= epoch);
             // SAFETY: task `i` of the current job is claimed, so the job is not finished and
             // its body (written before the word that was claimed from) is alive.
             let body = unsafe { (*self.body.get()).expect("a job's body is set before it is posted") };
@@ -194,8 +194,7 @@ impl Team {
                 }
                 self.sleep(seen);
             }
-            let epoch = self.word.load(Acquire) >> (2 * FIELD);
-            seen = self.claim_all(epoch);
+            seen = self.claim_all();
         }
     }
 
