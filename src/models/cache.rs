@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 
 use candle_core::{Result, Tensor};
+use candle_nn::kv_cache::KvCache;
 
 pub use crate::layers::attention::causal_gqa;
 
@@ -36,44 +37,16 @@ pub trait StepCache: Send {
     fn recurrent(&mut self, layer: usize, run: usize) -> Result<&mut RecurrentState>;
 }
 
+/// Rows a dense cache's K/V buffers start with and grow by.
+const KV_CHUNK: usize = 512;
+
 /// Contiguous per-layer K/V and recurrent state for a single sequence.
 #[derive(Default)]
 pub struct DenseCache {
-    kv: Vec<Option<LayerKv>>,
+    /// Per layer, K/V in candle_nn's growable cache: a step writes its rows in place (the
+    /// whole cache used to be concatenated every step, quadratic in a long generation).
+    kv: Vec<Option<KvCache>>,
     states: HashMap<usize, RecurrentState>,
-}
-
-/// One layer's K/V rows `0..len` in buffers `[capacity, kv_heads, d]` that double when full, so
-/// a decode step writes its row in place instead of copying the whole cache (which made a long
-/// generation quadratic).
-struct LayerKv {
-    k: Tensor,
-    v: Tensor,
-    len: usize,
-}
-
-impl LayerKv {
-    /// Appends `k, v: [T, kv_heads, d]`; returns every cached row.
-    fn append(slot: &mut Option<LayerKv>, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let (k, v) = (k.contiguous()?, v.contiguous()?);
-        let len = slot.as_ref().map_or(0, |l| l.len);
-        let need = len + k.dim(0)?;
-        if slot.as_ref().is_none_or(|l| l.k.dim(0).unwrap_or(0) < need) {
-            let cap = need.max(64).next_power_of_two();
-            let (_, kvh, d) = k.dims3()?;
-            let grown = LayerKv { k: Tensor::zeros((cap, kvh, d), k.dtype(), k.device())?, v: Tensor::zeros((cap, kvh, d), v.dtype(), v.device())?, len };
-            if let Some(old) = slot.as_ref().filter(|l| l.len > 0) {
-                grown.k.slice_set(&old.k.narrow(0, 0, len)?.contiguous()?, 0, 0)?;
-                grown.v.slice_set(&old.v.narrow(0, 0, len)?.contiguous()?, 0, 0)?;
-            }
-            *slot = Some(grown);
-        }
-        let l = slot.as_mut().expect("grown above");
-        l.k.slice_set(&k, 0, len)?;
-        l.v.slice_set(&v, 0, len)?;
-        l.len = need;
-        Ok((l.k.narrow(0, 0, need)?, l.v.narrow(0, 0, need)?))
-    }
 }
 
 impl DenseCache {
@@ -82,7 +55,7 @@ impl DenseCache {
     }
     /// Tokens whose K/V are cached (0 for a model without attention layers).
     pub fn len(&self) -> usize {
-        self.kv.iter().flatten().next().map_or(0, |l| l.len)
+        self.kv.iter().flatten().next().map_or(0, |l| l.current_seq_len())
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -102,7 +75,8 @@ impl StepCache for DenseCache {
         if self.kv.len() <= layer {
             self.kv.resize_with(layer + 1, || None);
         }
-        let (k_all, v_all) = LayerKv::append(&mut self.kv[layer], k, v)?;
+        let cache = self.kv[layer].get_or_insert_with(|| KvCache::new(0, KV_CHUNK));
+        let (k_all, v_all) = cache.append(&k.contiguous()?, &v.contiguous()?)?;
         // One new token: the CPU kernel the engine's decode uses, over the rows in place.
         let (s, kvh, d) = k_all.dims3()?;
         let slots: Vec<u32> = (0..s as u32).collect();
