@@ -158,19 +158,18 @@ impl Linear {
             None if parts.iter().all(|p| p.bias.is_none()) => None,
             None => return Ok(None),
         };
+        // Every part packed in the same format (the variant is named after its type): their
+        // panels joined; `None` if a part differs or is not whole panels.
+        macro_rules! join {
+            ($packed:ident) => {{
+                let all: Option<Vec<&$packed>> = parts.iter().map(|p| if let Weight::$packed(w) = &p.weight { Some(&**w) } else { None }).collect();
+                all.and_then(|a| $packed::concat(&a)).map(|w| Weight::$packed(Arc::new(w)))
+            }};
+        }
         let weight = match parts.iter().map(|p| &p.weight).collect::<Vec<_>>().as_slice() {
-            [Weight::PackedBf16(_), ..] => {
-                let all: Option<Vec<_>> = parts.iter().map(|p| if let Weight::PackedBf16(w) = &p.weight { Some(&**w) } else { None }).collect();
-                all.and_then(|a| PackedBf16::concat(&a)).map(|w| Weight::PackedBf16(Arc::new(w)))
-            }
-            [Weight::PackedQ8(_), ..] => {
-                let all: Option<Vec<_>> = parts.iter().map(|p| if let Weight::PackedQ8(w) = &p.weight { Some(&**w) } else { None }).collect();
-                all.and_then(|a| PackedQ8::concat(&a)).map(|w| Weight::PackedQ8(Arc::new(w)))
-            }
-            [Weight::PackedQ4K(_), ..] => {
-                let all: Option<Vec<_>> = parts.iter().map(|p| if let Weight::PackedQ4K(w) = &p.weight { Some(&**w) } else { None }).collect();
-                all.and_then(|a| PackedQ4K::concat(&a)).map(|w| Weight::PackedQ4K(Arc::new(w)))
-            }
+            [Weight::PackedBf16(_), ..] => join!(PackedBf16),
+            [Weight::PackedQ8(_), ..] => join!(PackedQ8),
+            [Weight::PackedQ4K(_), ..] => join!(PackedQ4K),
             _ => {
                 let all: Option<Vec<_>> = parts.iter().map(|p| p.dense_weight()).collect();
                 match all {
@@ -228,21 +227,12 @@ fn cpu_matvec(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     Ok(Some(Tensor::from_vec(out, shape, &Device::Cpu)?.to_dtype(x.dtype())?))
 }
 
-/// Any product with a packed bf16 weight (on the CPU by construction): `[..., k]` rows taken
-/// as bf16, the result in the input's dtype.
-fn packed_bf16(x: &Tensor, p: &PackedBf16, bias: Option<&Tensor>) -> Result<Tensor> {
-    let rows = packed_rows(x, p.cols())?;
-    let xs: Vec<half::bf16> = x.flatten_all()?.to_dtype(DType::BF16)?.to_vec1()?;
-    let mut out = vec![0f32; rows * p.rows()];
-    p.matmul(&xs, rows, &mut out);
-    packed_output(x, out, p.rows(), bias)
-}
-
-/// Any product with a packed Q8_0 or Q4_K weight (on the CPU by construction): `[..., k]`
-/// rows in f32, the result in the input's dtype.
-fn packed_quant(x: &Tensor, (n, k): (usize, usize), matmul: impl Fn(&[f32], usize, &mut [f32]), bias: Option<&Tensor>) -> Result<Tensor> {
+/// Any product with a packed weight (on the CPU by construction): `[..., k]` rows of `x` taken
+/// as `T` (bf16 for `cpu::bf16`, f32 for the quantized kernels), `n` outputs each, the result
+/// in `x`'s dtype.
+fn packed<T: candle_core::WithDType>(x: &Tensor, (n, k): (usize, usize), matmul: impl Fn(&[T], usize, &mut [f32]), bias: Option<&Tensor>) -> Result<Tensor> {
     let rows = packed_rows(x, k)?;
-    let xs: Vec<f32> = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
+    let xs: Vec<T> = x.flatten_all()?.to_dtype(T::DTYPE)?.to_vec1()?;
     let mut out = vec![0f32; rows * n];
     matmul(&xs, rows, &mut out);
     packed_output(x, out, n, bias)
@@ -277,9 +267,9 @@ fn packed_output(x: &Tensor, mut out: Vec<f32>, n: usize, bias: Option<&Tensor>)
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
-            Weight::PackedQ8(p) => return packed_quant(x, (p.rows(), p.cols()), |x, m, o| p.matmul(x, m, o), self.bias.as_ref()),
-            Weight::PackedQ4K(p) => return packed_quant(x, (p.rows(), p.cols()), |x, m, o| p.matmul(x, m, o), self.bias.as_ref()),
-            Weight::PackedBf16(p) => return packed_bf16(x, p, self.bias.as_ref()),
+            Weight::PackedQ8(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
+            Weight::PackedQ4K(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
+            Weight::PackedBf16(p) => return packed(x, (p.rows(), p.cols()), |x: &[half::bf16], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::Candle(QMatMul::Tensor(w)) if let Some(y) = cpu_matvec(x, w)? => y,
             // Dense: fold leading dims into rows and use one plain matmul (a broadcast batched
             // matmul is much slower on both CPU and CUDA), exactly as candle_nn::Linear does.
