@@ -63,6 +63,8 @@ pub mod plan;
 pub mod processor;
 pub mod report;
 pub mod serve;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod tokenizer;
 pub mod vision;
 pub mod weights;

@@ -4,12 +4,14 @@
 
 pub mod attention;
 pub mod bf16;
+pub mod blocks;
 pub mod elementwise;
 pub mod matvec;
 pub mod pages;
 pub mod panels;
 pub mod q4_k;
 pub mod q8_0;
+pub mod quant;
 pub mod roofline;
 pub mod team;
 
@@ -89,13 +91,14 @@ pub fn level() -> Level {
 #[cfg(test)]
 pub(crate) mod testing {
     use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-    use candle_core::{Device, Module, Result, Tensor};
+    use candle_core::{Module, Result};
 
     /// A random `[m, k]` input, an `[n, k]` weight quantized to `dtype` (its blocks' bytes) and
     /// candle's own product of the two (which quantizes the input as ggml does).
     pub fn quantized_case(dtype: GgmlDType, m: usize, k: usize, n: usize) -> Result<(Vec<f32>, Vec<u8>, Vec<Vec<f32>>)> {
-        let x = Tensor::randn(0f32, 1., (m, k), &Device::Cpu)?;
-        let q = QTensor::quantize(&Tensor::randn(0f32, 1., (n, k), &Device::Cpu)?, dtype)?;
+        let seed = (m * 1_000_003 + k * 1009 + n) as u64;
+        let x = crate::testing::randn(seed, (m, k), 1.)?;
+        let q = QTensor::quantize(&crate::testing::randn(seed + 1, (n, k), 1.)?, dtype)?;
         let blocks = q.data()?.to_vec();
         let want = QMatMul::from_qtensor(q)?.forward(&x)?.to_vec2::<f32>()?;
         Ok((x.flatten_all()?.to_vec1()?, blocks, want))

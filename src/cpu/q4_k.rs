@@ -35,7 +35,7 @@ pub fn available() -> bool {
 }
 
 /// Sub-block `j`'s 6-bit scale and min from a block's 12 scale bytes (ggml's `get_scale_min_k4`).
-fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

@@ -1,14 +1,17 @@
 //! The one linear layer of every model: weight `[out, in]` as candle's `QMatMul`, which holds
-//! either a dense tensor or a quantized one (GGUF block formats); on a CPU with AVX-512 BF16 /
-//! VNNI, bf16 and Q8_0 weights are instead repacked once for `cpu::bf16` / `cpu::q8_0`; plus an
-//! optional bias. Model code never knows
-//! which: a weight source that yields quantized tensors changes no model.
+//! either a dense tensor or a quantized one (GGUF block formats); on the CPU, bf16 weights
+//! (AVX-512 BF16) and block-quantized weights (AVX-512 VNNI panels for Q8_0/Q4_K, AVX2 blocks
+//! for every other format `cpu::quant` names) are instead handed once to the packed kernels;
+//! plus an optional bias. Model code never knows which: a weight source that yields quantized
+//! tensors changes no model.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Module, Result, Tensor};
 use std::sync::Arc;
 
 use crate::cpu::bf16::PackedBf16;
+use crate::cpu::blocks::{Format, PackedBlocks};
+use crate::cpu::quant::Kernel;
 use crate::cpu::q4_k::PackedQ4K;
 use crate::cpu::q8_0::PackedQ8;
 use crate::weights::Weights;
@@ -28,6 +31,8 @@ enum Weight {
     PackedQ4K(Arc<PackedQ4K>),
     /// bf16 in `cpu::bf16`'s panel layout (the tensor it came from is dropped).
     PackedBf16(Arc<PackedBf16>),
+    /// Any block format `cpu::blocks` runs, in the file's own blocks (AVX2).
+    PackedBlocks(Arc<PackedBlocks>),
 }
 
 /// `w` repacked for `cpu::bf16` when it is a bf16 matrix on a CPU that runs the kernel.
@@ -68,15 +73,18 @@ impl Linear {
         Linear { weight: Weight::Candle(QMatMul::Tensor(weight)), bias }
     }
 
-    /// A quantized layer (its matmul dequantizes block-wise inside the kernel). Q8_0 and Q4_K
-    /// on a CPU with VNNI are repacked once for `cpu::q8_0` / `cpu::q4_k`.
+    /// A quantized layer (its matmul dequantizes block-wise inside the kernel). Where a packed
+    /// CPU kernel runs the block type (`cpu::quant::kernel`) the blocks are handed to it once
+    /// and the tensor is dropped.
     pub fn quantized(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {
         let dims = weight.shape().dims().to_vec();
-        if weight.device().is_cpu() && dims.len() == 2 && crate::cpu::q8_0::available() {
-            let packed = match weight.dtype() {
-                GgmlDType::Q8_0 => PackedQ8::pack(&weight.data()?, dims[0], dims[1]).map(|p| Weight::PackedQ8(Arc::new(p))),
-                GgmlDType::Q4K => PackedQ4K::pack(&weight.data()?, dims[0], dims[1]).map(|p| Weight::PackedQ4K(Arc::new(p))),
-                _ => None,
+        if weight.device().is_cpu() && dims.len() == 2 {
+            let (n, k, dtype) = (dims[0], dims[1], weight.dtype());
+            let packed = match crate::cpu::quant::kernel(dtype) {
+                Some(Kernel::Vnni) if dtype == GgmlDType::Q8_0 => PackedQ8::pack(&weight.data()?, n, k).map(|p| Weight::PackedQ8(Arc::new(p))),
+                Some(Kernel::Vnni) => PackedQ4K::pack(&weight.data()?, n, k).map(|p| Weight::PackedQ4K(Arc::new(p))),
+                Some(Kernel::Blocks) => Format::of(dtype).and_then(|f| PackedBlocks::pack(f, &weight.data().ok()?, n, k)).map(|p| Weight::PackedBlocks(Arc::new(p))),
+                None => None,
             };
             if let Some(weight) = packed {
                 return Ok(Linear { weight, bias });
@@ -94,7 +102,7 @@ impl Linear {
     }
 
     pub fn is_quantized(&self) -> bool {
-        matches!(self.weight, Weight::Candle(QMatMul::QTensor(_)) | Weight::PackedQ8(_) | Weight::PackedQ4K(_))
+        matches!(self.weight, Weight::Candle(QMatMul::QTensor(_)) | Weight::PackedQ8(_) | Weight::PackedQ4K(_) | Weight::PackedBlocks(_))
     }
 }
 
@@ -143,6 +151,7 @@ impl Linear {
             Weight::PackedQ8(p) => Ok(p.rows()),
             Weight::PackedQ4K(p) => Ok(p.rows()),
             Weight::PackedBf16(p) => Ok(p.rows()),
+            Weight::PackedBlocks(p) => Ok(p.rows()),
             Weight::Candle(QMatMul::Tensor(w)) => w.dim(0),
             Weight::Candle(QMatMul::TensorF16(w)) => w.dim(0),
             Weight::Candle(QMatMul::QTensor(q)) => q.shape().dims().first().copied().ok_or_else(|| candle_core::Error::Msg("a 0-d weight".into())),
@@ -170,6 +179,7 @@ impl Linear {
             [Weight::PackedBf16(_), ..] => join!(PackedBf16),
             [Weight::PackedQ8(_), ..] => join!(PackedQ8),
             [Weight::PackedQ4K(_), ..] => join!(PackedQ4K),
+            [Weight::PackedBlocks(_), ..] => join!(PackedBlocks),
             _ => {
                 let all: Option<Vec<_>> = parts.iter().map(|p| p.dense_weight()).collect();
                 match all {
@@ -269,6 +279,7 @@ impl Module for Linear {
         let y = match &self.weight {
             Weight::PackedQ8(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedQ4K(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
+            Weight::PackedBlocks(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedBf16(p) => return packed(x, (p.rows(), p.cols()), |x: &[half::bf16], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::Candle(QMatMul::Tensor(w)) if let Some(y) = cpu_matvec(x, w)? => y,
             // Dense: fold leading dims into rows and use one plain matmul (a broadcast batched

@@ -197,11 +197,11 @@ mod tests {
         let (h, i, e) = (64, 32, 4);
         let dir = tempfile::tempdir().map_err(candle_core::Error::wrap)?;
         let file = dir.path().join("moe.safetensors");
-        let t = |shape: &[usize]| Tensor::randn(0f32, 0.3, shape, &dev);
+        let t = |seed: u64, shape: &[usize]| crate::testing::randn(seed, shape, 0.3);
         let tensors = std::collections::HashMap::from([
-            ("mlp.gate.weight".to_string(), t(&[e, h])?),
-            ("mlp.experts.gate_up_proj".to_string(), t(&[e, h, 2 * i])?),
-            ("mlp.experts.down_proj".to_string(), t(&[e, i, h])?),
+            ("mlp.gate.weight".to_string(), t(1, &[e, h])?),
+            ("mlp.experts.gate_up_proj".to_string(), t(2, &[e, h, 2 * i])?),
+            ("mlp.experts.down_proj".to_string(), t(3, &[e, i, h])?),
         ]);
         candle_core::safetensors::save(&tensors, &file)?;
         let s = MoeShape { hidden: h, expert_width: i, num_experts: e, top_k: 2, norm_topk: true, act: Act::Silu };
@@ -211,7 +211,7 @@ mod tests {
         let quant = SparseMoe::new(s, wq.pp("mlp"))?;
         assert_eq!(stats.quantized.load(std::sync::atomic::Ordering::Relaxed), 3 * e);
         assert!(quant.experts.iter().all(|x| x.gate.is_quantized() && x.down.is_quantized()) && !quant.router.is_quantized());
-        let x = Tensor::randn(0f32, 1., (9, h), &dev)?;
+        let x = crate::testing::randn(9, (9, h), 1.)?;
         assert_eq!(dense.route(&dense.router.forward(&x)?)?, quant.route(&quant.router.forward(&x)?)?);
         let (a, b) = (dense.forward(&x)?, quant.forward(&x)?);
         let rel = ((&a - &b)?.sqr()?.sum_all()?.to_scalar::<f32>()? / a.sqr()?.sum_all()?.to_scalar::<f32>()?).sqrt();

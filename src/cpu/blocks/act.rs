@@ -1,0 +1,170 @@
+//! Activations quantized once per product, as ggml does before its integer dots: per 32 values
+//! for the 32-value block formats (`Q8`, ggml's `block_q8_0`/`block_q8_1`), per 256 values for
+//! the k-quants (`Q8K`, ggml's `block_q8_K`). Rounding follows candle's `from_float` (the
+//! reference the kernels are tested against): half away from zero.
+
+use half::f16;
+use rayon::prelude::*;
+
+/// Rows quantized per 32 values: `q` int8, `d` the scale (rounded through f16 as the block
+/// stores it), `s = d · Σq` (what the offset and min formats need) exact in `s[2b]` and
+/// rounded through f16 in `s[2b + 1]`, as ggml's `block_q8_1` stores it for the min formats.
+pub struct Q8 {
+    pub k: usize,
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+    pub s: Vec<f32>,
+}
+
+/// Rows quantized per 256 values: `q` int8, `d` the scale, `bsums` each 16 values' Σq.
+pub struct Q8K {
+    pub k: usize,
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+    pub bsums: Vec<i16>,
+}
+
+/// Blocks quantized in parallel when there are many (prefill), in place otherwise (decode: a
+/// fork-join costs more than one row).
+fn blocks<A: Send, B: Send>(parallel: bool, x: &[f32], len: usize, q: &mut [i8], a: &mut [A], b: &mut [B], c: usize, f: impl Fn(&[f32], &mut [i8], &mut A, &mut [B]) + Sync + Send) {
+    if parallel {
+        x.par_chunks_exact(len).zip(q.par_chunks_exact_mut(len)).zip(a.par_iter_mut().zip(b.par_chunks_exact_mut(c))).for_each(|((x, q), (a, b))| f(x, q, a, b));
+    } else {
+        x.chunks_exact(len).zip(q.chunks_exact_mut(len)).zip(a.iter_mut().zip(b.chunks_exact_mut(c))).for_each(|((x, q), (a, b))| f(x, q, a, b));
+    }
+}
+
+impl Q8 {
+    /// `x` is `[m, k]` with `k` a multiple of 32.
+    pub fn quantize(x: &[f32], m: usize, k: usize) -> Q8 {
+        let nb = m * k / 32;
+        let (mut q, mut d, mut s) = (vec![0i8; m * k], vec![0f32; nb], vec![0f32; 2 * nb]);
+        blocks(m > 1, &x[..m * k], 32, &mut q, &mut d, &mut s, 2, |x, q, d, s| {
+            let (scale, sum) = q8_block(x, q);
+            *d = f16::from_f32(scale).to_f32();
+            s[0] = *d * sum as f32;
+            s[1] = f16::from_f32(s[0]).to_f32();
+        });
+        Q8 { k, q, d, s }
+    }
+}
+
+impl Q8K {
+    /// `x` is `[m, k]` with `k` a multiple of 256.
+    pub fn quantize(x: &[f32], m: usize, k: usize) -> Q8K {
+        let nb = m * k / 256;
+        let (mut q, mut d, mut bsums) = (vec![0i8; m * k], vec![0f32; nb], vec![0i16; nb * 16]);
+        blocks(m > 1, &x[..m * k], 256, &mut q, &mut d, &mut bsums, 16, |x, q, d, sums| *d = q8k_block(x, q, sums));
+        Q8K { k, q, d, bsums }
+    }
+}
+
+/// `round(x / scale)` with `scale = max |x| / 127`; returns the scale and Σq.
+fn q8_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    #[cfg(target_arch = "x86_64")]
+    if super::super::level() >= super::super::Level::Avx2 {
+        // SAFETY: Level::Avx2 or above is only chosen when avx2 and fma are detected.
+        return unsafe { avx2::q8_block(x, q) };
+    }
+    q8_block_scalar(x, q)
+}
+
+/// The reference for `avx2::q8_block`.
+fn q8_block_scalar(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    let scale = x.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+    let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    let mut sum = 0;
+    for (q, x) in q.iter_mut().zip(x) {
+        *q = (x * inv).round() as i8;
+        sum += *q as i32;
+    }
+    (scale, sum)
+}
+
+/// ggml's `quantize_row_q8_K`: the value of largest magnitude `max` maps to −127
+/// (`iscale = −127 / max`), `d = 1 / iscale`; each 16 values' sum beside.
+fn q8k_block(x: &[f32], q: &mut [i8], sums: &mut [i16]) -> f32 {
+    let (amax, max) = x.iter().fold((0f32, 0f32), |(a, m), &v| if v.abs() > a { (v.abs(), v) } else { (a, m) });
+    if amax == 0.0 {
+        q.fill(0);
+        sums.fill(0);
+        return 0.0;
+    }
+    let iscale = -127.0 / max;
+    for (q, x) in q.iter_mut().zip(x) {
+        *q = (iscale * x).round().min(127.0) as i8;
+    }
+    for (s, q) in sums.iter_mut().zip(q.chunks_exact(16)) {
+        *s = q.iter().map(|&v| v as i16).sum();
+    }
+    1.0 / iscale
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// `q8_block_scalar` in vector registers: rounding half away from zero as `round` does
+    /// (add ±0.49999997, truncate), packed to bytes in order.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn q8_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+        assert!(x.len() >= 32 && q.len() >= 32);
+        let v = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(x.as_ptr().add(i)));
+        let abs = _mm256_set1_ps(f32::from_bits(0x7fff_ffff));
+        let m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs), _mm256_and_ps(v[1], abs)), _mm256_max_ps(_mm256_and_ps(v[2], abs), _mm256_and_ps(v[3], abs)));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let scale = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m))) / 127.0;
+        let inv = _mm256_set1_ps(if scale != 0.0 { 1.0 / scale } else { 0.0 });
+        let (sign, half) = (_mm256_set1_ps(-0.0), _mm256_set1_ps(0.499_999_97));
+        let r = v.map(|v| {
+            let p = _mm256_mul_ps(v, inv);
+            _mm256_cvttps_epi32(_mm256_add_ps(p, _mm256_or_ps(_mm256_and_ps(p, sign), half)))
+        });
+        let sum = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+        let s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
+        let s = _mm_hadd_epi32(_mm_hadd_epi32(s, s), s);
+        // packs interleave the 128-bit halves; the permutation puts the values back in order.
+        let b = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+        let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, b);
+        (scale, _mm_cvtsi128_si32(s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vector quantizer rounds every value as the scalar one does, ties and zeros included.
+    #[test]
+    fn vector_q8_block_equals_the_scalar_one() {
+        for seed in 0..200u32 {
+            let mut xs: Vec<f32> = (0..32u32).map(|i| ((i * 7919 + seed * 104729) % 2001) as f32 / 1000.0 - 1.0).collect();
+            xs[seed as usize % 32] = if seed % 2 == 0 { 1.27 } else { -1.27 };
+            let f = [1.0, 127.0 / 254.0, 0.5, 0.0][seed as usize % 4];
+            xs.iter_mut().for_each(|v| *v *= f);
+            let (mut a, mut b) = ([0i8; 32], [0i8; 32]);
+            let want = q8_block_scalar(&xs, &mut a);
+            let got = q8_block(&xs, &mut b);
+            assert_eq!((a, want), (b, got), "seed {seed}");
+        }
+    }
+
+    /// Q8_K: the largest magnitude maps to ∓127 and the 16-value sums add up.
+    #[test]
+    fn q8k_scale_and_sums() {
+        let x: Vec<f32> = (0..512).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let a = Q8K::quantize(&x, 2, 256);
+        for b in 0..2 {
+            let q = &a.q[b * 256..][..256];
+            assert_eq!(q.iter().map(|v| (*v as i32).abs()).max(), Some(127));
+            for (i, s) in a.bsums[b * 16..][..16].iter().enumerate() {
+                assert_eq!(*s as i32, q[16 * i..][..16].iter().map(|&v| v as i32).sum::<i32>());
+            }
+            for (q, x) in q.iter().zip(&x[b * 256..]) {
+                assert!((*q as f32 * a.d[b] - x).abs() <= a.d[b].abs() * 0.5 + 1e-6);
+            }
+        }
+    }
+}

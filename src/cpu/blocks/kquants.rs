@@ -1,0 +1,146 @@
+//! AVX2 dots of the k-quants (Q4_K, Q5_K, Q6_K: 256 values a block) with `Q8K` activations:
+//! one weight row against up to four activation rows, each block's values decoded once into
+//! registers and dotted with every row. The sub-block scales multiply in integers
+//! (`vpmaddwd` of the `vpmaddubsw` pairs with the scale), so a block costs one conversion and
+//! one FMA per row:
+//! - Q4_K / Q5_K: `d_x · (d · Σ_j sc_j · Σ u·x − dmin · Σ_j m_j · Σx_j)`, the mins' share from
+//!   the activations' 16-value sums;
+//! - Q6_K: values stored as `u − 32` with a signed scale per 16: `d · d_x · Σ_i sc_i · (Σ u·x
+//!   − 32 · Σx_i)`.
+
+/// Sub-block scales and mins of a Q4_K/Q5_K block from its 12 packed bytes.
+pub fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+    for j in 0..8 {
+        (sc[j], m[j]) = super::super::q4_k::scale_min(j, packed);
+    }
+    (sc, m)
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx2 {
+    use super::super::act::Q8K;
+    use super::super::legacy::avx2::hsum;
+    use super::super::Format;
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<u16>().read_unaligned() as i32)))
+    }
+
+    /// Row `w` (`nb` blocks of format `F`, a k-quant) against activation rows `r0..r0 + M`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn row<const F: u8, const M: usize>(w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32]) {
+        let bytes = Format::from_id(F).bytes();
+        let mut acc = [_mm256_setzero_ps(); M];
+        for b in 0..nb {
+            let blk = w.add(b * bytes);
+            if F == Format::Q6K as u8 {
+                q6k_block::<M>(blk, nb, b, a, r0, &mut acc);
+            } else {
+                q45k_block::<F, M>(blk, nb, b, a, r0, &mut acc);
+            }
+        }
+        for r in 0..M {
+            out[r] = hsum(acc[r]);
+        }
+    }
+
+    /// Activation row `r`'s 32 values from `at` of block `b`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn x32(a: &Q8K, nb: usize, row: usize, b: usize, at: usize) -> __m256i {
+        _mm256_loadu_si256(a.q.as_ptr().add((row * nb + b) * 256 + at) as *const __m256i)
+    }
+
+    /// Activation row `r`'s sixteen 16-value sums of block `b`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn bsums(a: &Q8K, nb: usize, row: usize, b: usize) -> __m256i {
+        _mm256_loadu_si256(a.bsums.as_ptr().add((row * nb + b) * 16) as *const __m256i)
+    }
+
+    /// One Q4_K (144 bytes: d, dmin, 12 scale bytes, 128 nibble bytes) or Q5_K (176: d, dmin,
+    /// 12 scale bytes, 32 bytes of fifth bits, 128 nibble bytes) block.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q45k_block<const F: u8, const M: usize>(w: *const u8, nb: usize, b: usize, a: &Q8K, r0: usize, acc: &mut [__m256; M]) {
+        let five = F == Format::Q5K as u8;
+        let (sc, mn) = super::scales_mins(std::slice::from_raw_parts(w.add(4), 12));
+        let qs = w.add(if five { 48 } else { 16 });
+        let (m4, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
+        let mut hb = if five { _mm256_loadu_si256(w.add(16) as *const __m256i) } else { _mm256_setzero_si256() };
+        let mut isum = [_mm256_setzero_si256(); M];
+        for c in 0..4 {
+            // 64 values: the low nibbles are sub-block 2c, the high ones 2c + 1; Q5_K's fifth
+            // bits are bits 2c and 2c + 1 of the 32 high-bit bytes.
+            let q = _mm256_loadu_si256(qs.add(32 * c) as *const __m256i);
+            let mut lo = _mm256_and_si256(q, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            if five {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(hb, one)));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<1>(hb), one)));
+                hb = _mm256_srli_epi16::<2>(hb);
+            }
+            let (sl, sh) = (_mm256_set1_epi16(sc[2 * c] as i16), _mm256_set1_epi16(sc[2 * c + 1] as i16));
+            for r in 0..M {
+                let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x32(a, nb, r0 + r, b, 64 * c)), sl);
+                let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x32(a, nb, r0 + r, b, 64 * c + 32)), sh);
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(pl, ph));
+            }
+        }
+        // Each min twice, once for each 16-value sum of its sub-block.
+        let pairs = _mm_shuffle_epi8(_mm_cvtsi64_si128(i64::from_le_bytes(mn)), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+        let mins = _mm256_cvtepu8_epi16(pairs);
+        let (d, dmin) = (f16_at(w), f16_at(w.add(2)));
+        for r in 0..M {
+            let dx = *a.d.get_unchecked((r0 + r) * nb + b);
+            let msum = _mm256_madd_epi16(mins, bsums(a, nb, r0 + r, b));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * dx), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * dx), acc[r]);
+        }
+    }
+
+    /// One Q6_K block (210 bytes: 128 bytes of low nibbles, 64 of 2-bit highs, 16 signed
+    /// scales, d). Half `h` of the block is four groups of 32 values: the low nibbles of
+    /// `ql[64h..64h+32]` and `ql[64h+32..64h+64]`, then their high nibbles, with bit pairs 0,
+    /// 2, 4, 6 of `qh[32h..32h+32]` on top.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q6k_block<const M: usize>(w: *const u8, nb: usize, b: usize, a: &Q8K, r0: usize, acc: &mut [__m256; M]) {
+        let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+        let scales = _mm_loadu_si128(w.add(192) as *const __m128i);
+        let mut isum = [_mm256_setzero_si256(); M];
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(w.add(64 * h) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(w.add(64 * h + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(w.add(128 + 32 * h) as *const __m256i);
+            let groups = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m2))),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2))),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m2))),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m2))),
+            ];
+            for (g, u) in groups.iter().enumerate() {
+                // The group's two scales (one per 16 values), each repeated for its 8 pairs.
+                let t = (8 * h + 2 * g) as i8;
+                let pick = _mm_setr_epi8(t, t, t, t, t, t, t, t, t + 1, t + 1, t + 1, t + 1, t + 1, t + 1, t + 1, t + 1);
+                let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+                for r in 0..M {
+                    let p = _mm256_maddubs_epi16(*u, x32(a, nb, r0 + r, b, 128 * h + 32 * g));
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, s));
+                }
+            }
+        }
+        let all = _mm256_cvtepi8_epi16(scales);
+        let d = f16_at(w.add(208));
+        for r in 0..M {
+            // The −32 offset: 32 · Σ_i sc_i · Σx_i.
+            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(all, bsums(a, nb, r0 + r, b)));
+            let dot = _mm256_sub_epi32(isum[r], off);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * *a.d.get_unchecked((r0 + r) * nb + b)), acc[r]);
+        }
+    }
+}

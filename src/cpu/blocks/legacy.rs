@@ -1,0 +1,103 @@
+//! AVX2 dots of the 32-value block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with `Q8`
+//! activations: one weight row against up to four activation rows, each weight block decoded
+//! once into 32 bytes and dotted with every row (`vpmaddubsw` + `vpmaddwd`).
+//!
+//! The 4- and 5-bit formats are dotted as unsigned values (0..15, 0..31) — `vpmaddubsw` takes
+//! unsigned × signed bytes without saturating at these sizes — and their offset (−8, −16) or
+//! min (`m`) comes back per block as `c · s`, where `s = d_x · Σq_x` is kept with the
+//! activations: Σ(d(u − o))·x = d·Σu·x − o·d·Σx, and Σ(d·u + m)·x = d·Σu·x + m·Σx. Q8_0 is
+//! signed: its sign moves onto the activation (`vpsignb`) so the weight can be unsigned.
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx2 {
+    use super::super::act::Q8;
+    use super::super::Format;
+    use std::arch::x86_64::*;
+
+    /// The f16 at `p` as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<u16>().read_unaligned() as i32)))
+    }
+
+    /// 0xFF in byte `i` where bit `i` of `bits` is set (the 5th bit of the Q5 formats).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn bit_bytes(bits: u32) -> __m256i {
+        let spread = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303));
+        // Every bit but byte i's own set: the OR is all ones exactly when that bit is.
+        let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+        _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
+    }
+
+    /// The Q5 formats' fifth bits at `p` (32 bits, one per value) as 0x10 bytes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn high(p: *const u8) -> __m256i {
+        _mm256_and_si256(bit_bytes(p.cast::<u32>().read_unaligned()), _mm256_set1_epi8(0x10))
+    }
+
+    /// 16 bytes of nibbles as 32 values: the low nibbles (values 0..16) then the high ones.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        let q = _mm_loadu_si128(p as *const __m128i);
+        let lo = _mm_and_si128(q, _mm_set1_epi8(0x0f));
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), _mm_set1_epi8(0x0f));
+        _mm256_set_m128i(hi, lo)
+    }
+
+    /// Block `b` at `w`: its 32 values as bytes (unsigned but for Q8_0), its scale `d`, and
+    /// the coefficient `c` of the activations' `s`.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn decode<const F: u8>(w: *const u8) -> (__m256i, f32, f32) {
+        let d = f16_at(w);
+        match F {
+            f if f == Format::Q8_0 as u8 => (_mm256_loadu_si256(w.add(2) as *const __m256i), d, 0.0),
+            f if f == Format::Q4_0 as u8 => (nibbles(w.add(2)), d, -8.0 * d),
+            f if f == Format::Q4_1 as u8 => (nibbles(w.add(4)), d, f16_at(w.add(2))),
+            f if f == Format::Q5_0 as u8 => (_mm256_or_si256(nibbles(w.add(6)), high(w.add(2))), d, -16.0 * d),
+            _ => (_mm256_or_si256(nibbles(w.add(8)), high(w.add(4))), d, f16_at(w.add(2))),
+        }
+    }
+
+    /// Row `w` (`nb` blocks) against activation rows `r0..r0 + M`: `out[i]` is row `r0 + i`'s dot.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn row<const F: u8, const M: usize>(w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32]) {
+        let bytes = Format::from_id(F).bytes();
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); M];
+        let mut corr = [0f32; M];
+        for b in 0..nb {
+            let (u, d, c) = decode::<F>(w.add(b * bytes));
+            let signed = F == Format::Q8_0 as u8;
+            let au = if signed { _mm256_sign_epi8(u, u) } else { u };
+            for r in 0..M {
+                let blk = (r0 + r) * nb + b;
+                let mut x = _mm256_loadu_si256(a.q.as_ptr().add(blk * 32) as *const __m256i);
+                if signed {
+                    x = _mm256_sign_epi8(x, u);
+                }
+                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(au, x), ones);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * *a.d.get_unchecked(blk)), acc[r]);
+                // The min formats take `s` through f16 as ggml's `block_q8_1` holds it.
+                let min = F == Format::Q4_1 as u8 || F == Format::Q5_1 as u8;
+                corr[r] += c * *a.s.get_unchecked(2 * blk + min as usize);
+            }
+        }
+        for r in 0..M {
+            out[r] = hsum(acc[r]) + corr[r];
+        }
+    }
+
+    /// The sum of the eight lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+}

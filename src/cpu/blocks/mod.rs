@@ -1,0 +1,267 @@
+//! Block-quantized weights in the file's own format (llama.cpp's blocks, row after row, byte
+//! for byte) and their AVX2 products with any number of activation rows: the kernels of every
+//! x86 machine with AVX2 + FMA (Zen 3 and most Intel client CPUs have no VNNI, so the integer
+//! dots are `vpmaddubsw` + `vpmaddwd`). The activations are quantized once per product
+//! (`act`), the weights never leave their blocks: decode streams each row once, and prefill
+//! decodes each weight block once per four activation rows (`legacy`, `kquants`), walking
+//! 16-row groups across the thread team with `panels::run` so a group stays in the core's
+//! cache while every activation row passes over it.
+
+pub mod act;
+mod kquants;
+mod legacy;
+
+use candle_core::quantized::GgmlDType;
+
+use super::panels::PANEL;
+use act::{Q8, Q8K};
+
+/// A block format these kernels run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Format {
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+impl Format {
+    const ALL: [Format; 8] = [Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q4K, Format::Q5K, Format::Q6K];
+
+    pub fn of(dtype: GgmlDType) -> Option<Format> {
+        Some(match dtype {
+            GgmlDType::Q8_0 => Format::Q8_0,
+            GgmlDType::Q4_0 => Format::Q4_0,
+            GgmlDType::Q4_1 => Format::Q4_1,
+            GgmlDType::Q5_0 => Format::Q5_0,
+            GgmlDType::Q5_1 => Format::Q5_1,
+            GgmlDType::Q4K => Format::Q4K,
+            GgmlDType::Q5K => Format::Q5K,
+            GgmlDType::Q6K => Format::Q6K,
+            _ => return None,
+        })
+    }
+
+    fn from_id(id: u8) -> Format {
+        Format::ALL[id as usize]
+    }
+
+    /// Values per block.
+    pub const fn values(self) -> usize {
+        match self {
+            Format::Q4K | Format::Q5K | Format::Q6K => 256,
+            _ => 32,
+        }
+    }
+
+    /// Bytes per block (ggml's `block_*` sizes).
+    pub const fn bytes(self) -> usize {
+        match self {
+            Format::Q8_0 => 34,
+            Format::Q4_0 => 18,
+            Format::Q4_1 => 20,
+            Format::Q5_0 => 22,
+            Format::Q5_1 => 24,
+            Format::Q4K => 144,
+            Format::Q5K => 176,
+            Format::Q6K => 210,
+        }
+    }
+}
+
+/// Whether this machine runs these kernels at the level in use (AVX2, FMA and F16C).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::level() >= super::Level::Avx2 && std::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// A weight `[n, k]` as `n` rows of `k / values` blocks of one format, on huge pages.
+pub struct PackedBlocks {
+    format: Format,
+    n: usize,
+    k: usize,
+    data: Vec<u8>,
+}
+
+impl std::fmt::Debug for PackedBlocks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[{}, {}] in {:?} blocks", self.n, self.k, self.format)
+    }
+}
+
+impl PackedBlocks {
+    /// `n` rows of `k` values from the file's blocks. `None` when `k` is not whole blocks or
+    /// `blocks` is shorter than the shape says.
+    pub fn pack(format: Format, blocks: &[u8], n: usize, k: usize) -> Option<PackedBlocks> {
+        let len = n * (k / format.values()) * format.bytes();
+        if k == 0 || k % format.values() != 0 || blocks.len() < len {
+            return None;
+        }
+        Some(PackedBlocks { format, n, k, data: super::pages::huge_copy(&blocks[..len]) })
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held: exactly the blocks'.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The parts' rows one after another (q/k/v, gate/up); `None` unless they share the
+    /// format and `k`.
+    pub fn concat(parts: &[&PackedBlocks]) -> Option<PackedBlocks> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.format != first.format || p.k != first.k) {
+            return None;
+        }
+        let data: Vec<u8> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+        Some(PackedBlocks { format: first.format, n: parts.iter().map(|p| p.n).sum(), k: first.k, data: super::pages::huge_copy(&data) })
+    }
+
+    /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are
+    /// shorter than the shapes.
+    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        assert!(available(), "PackedBlocks::matmul needs AVX2, FMA and F16C");
+        let (n, k) = (self.n, self.k);
+        assert!(x.len() >= m * k && out.len() >= m * n, "PackedBlocks::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
+        let row_bytes = k / self.format.values() * self.format.bytes();
+        if self.format.values() == 256 {
+            let a = Q8K::quantize(x, m, k);
+            super::panels::run(n, m, out, |p, g, mg, res| self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_k(self.format, w, k / 256, &a, r, o, rows)));
+        } else {
+            let a = Q8::quantize(x, m, k);
+            super::panels::run(n, m, out, |p, g, mg, res| self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_32(self.format, w, k / 32, &a, r, o, rows)));
+        }
+    }
+
+    /// Rows `16p..` against activation rows `g..g + mg`, four at a time: `res[r * 16 + lane]`.
+    /// `dot(row, first_act_row, out, rows)` fills `out[..rows]`.
+    #[allow(clippy::type_complexity)]
+    fn panel(&self, p: usize, g: usize, mg: usize, res: &mut [f32], row_bytes: usize, dot: &dyn Fn(*const u8, usize, &mut [f32], usize)) {
+        let mut part = [0f32; 4];
+        for lane in 0..PANEL.min(self.n - p * PANEL) {
+            // SAFETY: row `16p + lane` < n lies inside `data` (n rows of `row_bytes`).
+            let w = unsafe { self.data.as_ptr().add((p * PANEL + lane) * row_bytes) };
+            for r in (0..mg).step_by(4) {
+                let rows = (mg - r).min(4);
+                dot(w, g + r, &mut part, rows);
+                for i in 0..rows {
+                    res[(r + i) * PANEL + lane] = part[i];
+                }
+            }
+        }
+    }
+}
+
+/// A 32-value format's row against `rows` (1–4) activation rows from `r0`.
+fn dispatch_32(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], rows: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use legacy::avx2::row;
+        macro_rules! go {
+            ($f:expr) => {{
+                const F: u8 = $f as u8;
+                // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c; the
+                // row holds `nb` blocks and the activations hold rows `r0..r0 + rows`.
+                unsafe {
+                    match rows {
+                        1 => row::<F, 1>(w, nb, a, r0, out),
+                        2 => row::<F, 2>(w, nb, a, r0, out),
+                        3 => row::<F, 3>(w, nb, a, r0, out),
+                        _ => row::<F, 4>(w, nb, a, r0, out),
+                    }
+                }
+            }};
+        }
+        match f {
+            Format::Q8_0 => go!(Format::Q8_0),
+            Format::Q4_0 => go!(Format::Q4_0),
+            Format::Q4_1 => go!(Format::Q4_1),
+            Format::Q5_0 => go!(Format::Q5_0),
+            _ => go!(Format::Q5_1),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (f, w, nb, a, r0, out, rows);
+}
+
+/// A k-quant row against `rows` (1–4) activation rows from `r0`.
+fn dispatch_k(f: Format, w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], rows: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use kquants::avx2::row;
+        macro_rules! go {
+            ($f:expr) => {{
+                const F: u8 = $f as u8;
+                // SAFETY: as in `dispatch_32`.
+                unsafe {
+                    match rows {
+                        1 => row::<F, 1>(w, nb, a, r0, out),
+                        2 => row::<F, 2>(w, nb, a, r0, out),
+                        3 => row::<F, 3>(w, nb, a, r0, out),
+                        _ => row::<F, 4>(w, nb, a, r0, out),
+                    }
+                }
+            }};
+        }
+        match f {
+            Format::Q4K => go!(Format::Q4K),
+            Format::Q5K => go!(Format::Q5K),
+            _ => go!(Format::Q6K),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (f, w, nb, a, r0, out, rows);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::testing::packed_matches_candle;
+
+    /// Every format against candle's own quantized matmul (which quantizes the activations
+    /// the same way): rows that are not whole 16-row groups, 1 to 40 activation rows (every
+    /// remainder of the four-row passes), one and several blocks per row.
+    #[test]
+    fn every_format_matches_candle() -> candle_core::Result<()> {
+        if !available() {
+            eprintln!("no AVX2: candle's kernels run instead");
+            return Ok(());
+        }
+        let dtypes = [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K];
+        for dtype in dtypes {
+            let f = Format::of(dtype).expect("a format");
+            let k = |blocks: usize| blocks * f.values();
+            let shapes = [(1, k(1), 37), (1, k(4), 130), (2, k(2), 16), (3, k(1), 20), (5, k(3), 9), (8, k(2), 17), (40, k(2), 33)];
+            packed_matches_candle(dtype, &shapes, |b, n, k| PackedBlocks::pack(f, b, n, k), PackedBlocks::bytes, |n, k| n * k / f.values() * f.bytes(), PackedBlocks::matmul)?;
+        }
+        Ok(())
+    }
+
+    /// Rows that are not whole blocks, or too few bytes, are refused rather than misread.
+    #[test]
+    fn refuses_partial_blocks() {
+        assert!(PackedBlocks::pack(Format::Q4_0, &[0u8; 18 * 4], 2, 48).is_none());
+        assert!(PackedBlocks::pack(Format::Q6K, &[0u8; 210 * 3], 2, 512).is_none());
+        assert!(PackedBlocks::pack(Format::Q6K, &[0u8; 210 * 4], 2, 512).is_some());
+    }
+}
