@@ -257,6 +257,18 @@ mod tests {
         Ok(())
     }
 
+    /// The word-wise scale unpacking equals ggml's one-at-a-time reading (`q4_k::scale_min`).
+    #[test]
+    fn scales_mins_equal_ggml_reading() {
+        for seed in 0..256u32 {
+            let q: Vec<u8> = (0..12u32).map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed.wrapping_mul(40_503)) >> 11) as u8).collect();
+            let (sc, m) = kquants::scales_mins(&q);
+            for j in 0..8 {
+                assert_eq!((sc[j], m[j]), crate::cpu::q4_k::scale_min(j, &q), "seed {seed} sub-block {j}");
+            }
+        }
+    }
+
     /// Rows that are not whole blocks, or too few bytes, are refused rather than misread.
     #[test]
     fn refuses_partial_blocks() {
