@@ -10,4 +10,10 @@ bash scripts/install-deps.sh
 MERG_PYTHON="$(bash scripts/py-clients.sh)"
 export MERG_PYTHON MERG_REQUIRE_PY_CLIENTS=1
 cargo test --all-targets "$@"
+# The kernels again at each lower level (MERG_CPU_KERNELS): on an AVX-512 machine the AVX2
+# kernels run only here; at `portable` the block types fall back to candle's kernels.
+for level in avx2 portable; do
+  MERG_CPU_KERNELS=$level cargo test --lib -- cpu:: layers::
+  MERG_CPU_KERNELS=$level cargo test --test gguf --test quant
+done
 cargo test --doc
