@@ -82,9 +82,11 @@ pub(super) mod avx2 {
                 }
                 let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(au, x), ones);
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * *a.d.get_unchecked(blk)), acc[r]);
-                // The min formats take `s` through f16 as ggml's `block_q8_1` holds it.
-                let min = F == Format::Q4_1 as u8 || F == Format::Q5_1 as u8;
-                corr[r] += c * *a.s.get_unchecked(2 * blk + min as usize);
+                if !signed {
+                    // The min formats take `s` through f16 as ggml's `block_q8_1` holds it.
+                    let min = F == Format::Q4_1 as u8 || F == Format::Q5_1 as u8;
+                    corr[r] += c * *a.s.get_unchecked(2 * blk + min as usize);
+                }
             }
         }
         for r in 0..M {
