@@ -64,33 +64,48 @@ pub(super) mod avx2 {
     }
 
     /// Row `w` (`nb` blocks) against activation rows `r0..r0 + M`: `out[i]` is row `r0 + i`'s dot.
+    /// Even and odd blocks keep separate sums: one chain of FMAs per row would wait on the
+    /// FMA's latency every block (measured: a Q8_0 row streamed at half the L3's rate).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn row<const F: u8, const M: usize>(w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32]) {
-        let bytes = Format::from_id(F).bytes();
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); M];
-        let mut corr = [0f32; M];
-        for b in 0..nb {
-            let (u, d, c) = decode::<F>(w.add(b * bytes));
-            let signed = F == Format::Q8_0 as u8;
-            let au = if signed { _mm256_sign_epi8(u, u) } else { u };
-            for r in 0..M {
-                let blk = (r0 + r) * nb + b;
-                let mut x = _mm256_loadu_si256(a.q.as_ptr().add(blk * 32) as *const __m256i);
-                if signed {
-                    x = _mm256_sign_epi8(x, u);
-                }
-                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(au, x), ones);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * *a.d.get_unchecked(blk)), acc[r]);
-                if !signed {
-                    // The min formats take `s` through f16 as ggml's `block_q8_1` holds it.
-                    let min = F == Format::Q4_1 as u8 || F == Format::Q5_1 as u8;
-                    corr[r] += c * *a.s.get_unchecked(2 * blk + min as usize);
-                }
-            }
+        let mut acc = [[_mm256_setzero_ps(); M]; 2];
+        let mut corr = [[0f32; M]; 2];
+        let (even, odd) = acc.split_at_mut(1);
+        let (ceven, codd) = corr.split_at_mut(1);
+        let mut b = 0;
+        while b + 2 <= nb {
+            block::<F, M>(w, b, nb, a, r0, &mut even[0], &mut ceven[0]);
+            block::<F, M>(w, b + 1, nb, a, r0, &mut odd[0], &mut codd[0]);
+            b += 2;
+        }
+        if b < nb {
+            block::<F, M>(w, b, nb, a, r0, &mut even[0], &mut ceven[0]);
         }
         for r in 0..M {
-            out[r] = hsum(acc[r]) + corr[r];
+            out[r] = hsum(_mm256_add_ps(acc[0][r], acc[1][r])) + corr[0][r] + corr[1][r];
+        }
+    }
+
+    /// Block `b` of row `w` into each activation row's sums.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block<const F: u8, const M: usize>(w: *const u8, b: usize, nb: usize, a: &Q8, r0: usize, acc: &mut [__m256; M], corr: &mut [f32; M]) {
+        let (u, d, c) = decode::<F>(w.add(b * Format::from_id(F).bytes()));
+        let signed = F == Format::Q8_0 as u8;
+        let au = if signed { _mm256_sign_epi8(u, u) } else { u };
+        for r in 0..M {
+            let blk = (r0 + r) * nb + b;
+            let mut x = _mm256_loadu_si256(a.q.as_ptr().add(blk * 32) as *const __m256i);
+            if signed {
+                x = _mm256_sign_epi8(x, u);
+            }
+            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(au, x), _mm256_set1_epi16(1));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * *a.d.get_unchecked(blk)), acc[r]);
+            if !signed {
+                // The min formats take `s` through f16 as ggml's `block_q8_1` holds it.
+                let min = F == Format::Q4_1 as u8 || F == Format::Q5_1 as u8;
+                corr[r] += c * *a.s.get_unchecked(2 * blk + min as usize);
+            }
         }
     }
 
