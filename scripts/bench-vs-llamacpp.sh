@@ -154,37 +154,69 @@ OUT=${OUT:-$ROOT/target/bench-vs-llamacpp/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
 echo "== raw results in $OUT"
 
+gguf_format() {  # general.file_type as llama.cpp names it (F32, BF16, Q8_0, Q4_K_M)
+  # Reads the header only: gguf-py's GGUFReader parses all 151,936 tokens (~20 s a file).
+  "$PY" - "$1" <<'PYEOF'
+import struct, sys, gguf
+f = open(sys.argv[1], "rb")
+_, _, _, nkv = struct.unpack("<4sIQQ", f.read(24))
+size = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+def string():
+    return f.read(struct.unpack("<Q", f.read(8))[0])
+for _ in range(nkv):
+    key, (t,) = string(), struct.unpack("<I", f.read(4))
+    if key == b"general.file_type":
+        sys.exit(print(gguf.LlamaFileType(struct.unpack("<I", f.read(4))[0]).name.split("_", 1)[1]))
+    if t == 8:
+        string()
+    elif t == 9:
+        et, n = struct.unpack("<IQ", f.read(12))
+        if et == 8:
+            for _ in range(n): string()
+        else:
+            f.seek(size[et] * n, 1)
+    else:
+        f.seek(size[t], 1)
+print("?")
+PYEOF
+}
+
 # --- runs: per file both engines, the first engine alternating from file to file --------------
 run_llama() {  # file name
   "$LDIR/bin/llama-bench" -m "$1" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" -o json > "$OUT/$2.llama.json" 2> "$OUT/$2.llama.log" \
     || die "llama-bench failed on $1: see $OUT/$2.llama.log"
 }
-run_merg() {  # file name
+run_merg() {  # file name format
   local extra=()
   # A BF16 file: compute in bf16 as llama.cpp does (merg's CPU default would widen it to f32).
-  [[ $("$PY" -c "import gguf,sys; r=gguf.GGUFReader(sys.argv[1]); f=r.fields['general.file_type']; print(gguf.LlamaFileType(int(f.parts[f.data[0]][0])).name)" "$1") == MOSTLY_BF16 ]] && extra=(--dtype bf16)
+  [[ $3 == BF16 ]] && extra=(--dtype bf16)
   for ((i = 1; i <= REPS; i++)); do
     env "${MERG_ENV[@]}" "$MERG" bench --model "$1" --prompt-tokens "$P" --decode-tokens "$N" --no-roofline "${extra[@]}" \
       > "$OUT/$2.merg.$i.out" 2> "$OUT/$2.merg.$i.log" || die "merg bench failed on $1: see $OUT/$2.merg.$i.log"
   done
 }
-k=0
+# Other work on the machine skews both engines (llama.cpp's spinning threads most): say how busy it was.
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+k=0 ROWS=()
 for f in "${GGUFS[@]}"; do
-  name=$(basename "$f" .gguf)
-  echo "-- $name"
-  if ((k++ % 2 == 0)); then run_llama "$f" "$name"; run_merg "$f" "$name"; else run_merg "$f" "$name"; run_llama "$f" "$name"; fi
+  name=$(basename "$f" .gguf) fmt=$(gguf_format "$f")
+  echo "-- $name ($fmt)"
+  if ((k++ % 2 == 0)); then run_llama "$f" "$name"; run_merg "$f" "$name" "$fmt"; else run_merg "$f" "$name" "$fmt"; run_llama "$f" "$name"; fi
+  ROWS+=("$f|$fmt")
 done
 
 # --- the table -------------------------------------------------------------------------------
 MERG_LEVEL=$(grep -ohm1 'cpu kernels: .*' "$OUT"/*.merg.1.log | head -1 | sed 's/^cpu kernels: //' || true)
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+# VMs often hide the marketing name ("AMD EPYC"); family/model still tell the generation.
+cpu+=" (family $(grep -m1 '^cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' '), model $(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' '))"
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
 isa=portable
 for x in avx2 fma avx512f avx512_bf16 avx512_vnni avx_vnni amx_tile; do [[ " $flags " == *" $x "* ]] && isa+=" $x"; done
-"$PY" - "$OUT" "$cpu" "${isa#portable }" "$LLAMA_LEVEL" "${MERG_LEVEL:-unknown} (MERG_CPU_KERNELS=${LEVEL/native/unset})" "$P" "$N" "$THREADS" "$REPS" "${GGUFS[@]}" <<'PYEOF' | tee "$OUT/table.txt"
+"$PY" - "$OUT" "$cpu" "${isa#portable }" "$LLAMA_LEVEL" "${MERG_LEVEL:-unknown} (MERG_CPU_KERNELS=${LEVEL/native/unset})" "$P" "$N" "$THREADS" "$REPS" \
+  "$LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg)" "${ROWS[@]}" <<'PYEOF' | tee "$OUT/table.txt"
 import json, os, re, statistics as st, sys
-import gguf
-out, cpu, isa, llama_level, merg_level, P, N, T, R, files = *sys.argv[1:10], sys.argv[10:]
+out, cpu, isa, llama_level, merg_level, P, N, T, R, load, rows = *sys.argv[1:11], sys.argv[11:]
 
 def merg_record(path):
     # `merg bench` prints log lines, then one pretty JSON object per weight format: take the last.
@@ -202,14 +234,14 @@ def fmt(s):  # mean ± stdev over the repetitions
     return f"{st.mean(s):8.2f} ±{st.stdev(s) if len(s) > 1 else 0:5.2f}"
 
 print(f"CPU: {cpu} | ISA: {isa} | threads {T} | prompt {P} tokens, decode {N} tokens, {R} repetitions each")
+print(f"load average (1, 5, 15 min) before / after the runs: {load}")
 print(f"llama.cpp build: {llama_level}")
 print(f"merg kernels:    {merg_level}")
 hdr = f"{'file':<34} {'format':<8} {'GiB':>6} | {'llama.cpp pp':>15} {'merg pp':>15} {'ratio':>6} | {'llama.cpp tg':>15} {'merg tg':>15} {'ratio':>6}"
 print(hdr); print("-" * len(hdr))
-for f in files:
+for row in rows:
+    f, kind = row.rsplit("|", 1)
     name = os.path.basename(f)[:-5]
-    r = gguf.GGUFReader(f); ft = r.fields["general.file_type"]
-    kind = gguf.LlamaFileType(int(ft.parts[ft.data[0]][0])).name.split("_", 1)[1]
     llama = json.load(open(f"{out}/{name}.llama.json"))
     lpp = next(x for x in llama if x["n_prompt"] > 0 and x["n_gen"] == 0)["samples_ts"]
     ltg = next(x for x in llama if x["n_gen"] > 0 and x["n_prompt"] == 0)["samples_ts"]
