@@ -26,6 +26,7 @@ pub struct Q8K {
 
 /// Blocks quantized in parallel when there are many (prefill), in place otherwise (decode: a
 /// fork-join costs more than one row).
+#[allow(clippy::too_many_arguments)]
 fn blocks<A: Send, B: Send>(parallel: bool, x: &[f32], len: usize, q: &mut [i8], a: &mut [A], b: &mut [B], c: usize, f: impl Fn(&[f32], &mut [i8], &mut A, &mut [B]) + Sync + Send) {
     if parallel {
         x.par_chunks_exact(len).zip(q.par_chunks_exact_mut(len)).zip(a.par_iter_mut().zip(b.par_chunks_exact_mut(c))).for_each(|((x, q), (a, b))| f(x, q, a, b));

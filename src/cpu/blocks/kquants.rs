@@ -25,6 +25,7 @@ pub fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
 }
 
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 pub(super) mod avx2 {
     use super::super::act::Q8K;
     use super::super::legacy::avx2::hsum;

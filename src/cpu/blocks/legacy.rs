@@ -9,6 +9,7 @@
 //! signed: its sign moves onto the activation (`vpsignb`) so the weight can be unsigned.
 
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 pub(super) mod avx2 {
     use super::super::act::Q8;
     use super::super::Format;

@@ -103,7 +103,7 @@ impl PackedBlocks {
     /// `blocks` is shorter than the shape says.
     pub fn pack(format: Format, blocks: &[u8], n: usize, k: usize) -> Option<PackedBlocks> {
         let len = n * (k / format.values()) * format.bytes();
-        if k == 0 || k % format.values() != 0 || blocks.len() < len {
+        if k == 0 || !k.is_multiple_of(format.values()) || blocks.len() < len {
             return None;
         }
         Some(PackedBlocks { format, n, k, data: super::pages::huge_copy(&blocks[..len]) })
