@@ -44,7 +44,11 @@ fn main() -> ExitCode {
     let default = if matches!(cli.cmd, Cmd::Serve(_)) { "merg=info" } else { "error" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    if std::env::var_os("MERG_CPU_KERNELS").is_some() {
+    if let Ok(forced) = std::env::var("MERG_CPU_KERNELS") {
+        // The library's warning is a tracing event, hidden at the default filter.
+        if let (_, Some(w)) = merg::cpu::choose_level(Some(&forced), merg::cpu::Level::detected()) {
+            eprintln!("warning: {w}");
+        }
         eprintln!("cpu kernels: {} (MERG_CPU_KERNELS; this machine has {})", merg::cpu::level().name(), merg::cpu::Level::detected().name());
     }
     let result = match cli.cmd {

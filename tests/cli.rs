@@ -245,3 +245,21 @@ fn cpu_kernel_fallbacks_give_the_same_tokens() {
         assert!(stderr.contains(&format!("cpu kernels: {want}")), "{level}: {stderr}");
     }
 }
+
+/// A forced level above what the machine has runs at the detected level with a warning that
+/// names it, instead of faulting on an instruction the CPU lacks.
+#[test]
+fn forcing_a_level_the_machine_lacks_warns_and_runs() {
+    let cfg = tiny_dir("qwen2_5_vl").join("config.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_merg"))
+        .args(["bench", "--config", cfg.to_str().unwrap(), "--prompt-tokens", "4", "--decode-tokens", "2", "--no-roofline"])
+        .env("MERG_CPU_KERNELS", "avx512")
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    let detected = merg::cpu::Level::detected();
+    assert!(e.contains(&format!("cpu kernels: {}", detected.name())), "{e}");
+    let warned = e.contains(&format!("warning: MERG_CPU_KERNELS=avx512 asks for more than this machine has; using {}", detected.name()));
+    assert_eq!(warned, detected < merg::cpu::Level::Avx512, "{e}");
+}

@@ -10,6 +10,7 @@ pub mod pages;
 pub mod panels;
 pub mod q4_k;
 pub mod q8_0;
+pub mod quant;
 pub mod roofline;
 pub mod team;
 
@@ -69,20 +70,54 @@ pub fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
         let best = Level::detected();
-        let forced = match std::env::var("MERG_CPU_KERNELS").ok().as_deref() {
-            Some("portable") => Some(Level::Portable),
-            Some("avx2") => Some(Level::Avx2),
-            Some("avx512") => Some(Level::Avx512),
-            Some(other) => {
-                tracing::warn!("MERG_CPU_KERNELS={other:?} is not one of avx512, avx2, portable; using {}", best.name());
-                None
-            }
-            None => None,
-        };
-        let level = forced.map(|f| f.min(best)).unwrap_or(best);
+        let (level, warning) = choose_level(std::env::var("MERG_CPU_KERNELS").ok().as_deref(), best);
+        if let Some(w) = warning {
+            tracing::warn!("{w}");
+        }
         tracing::info!("cpu kernels: {} (detected {})", level.name(), best.name());
         level
     })
+}
+
+/// The level for a `MERG_CPU_KERNELS` value on a machine that detected `best`, and a warning
+/// when the value cannot be honoured. A level above `best` is lowered to it: its instructions
+/// would fault on this machine.
+pub fn choose_level(forced: Option<&str>, best: Level) -> (Level, Option<String>) {
+    let forced = match forced {
+        None => return (best, None),
+        Some("portable") => Level::Portable,
+        Some("avx2") => Level::Avx2,
+        Some("avx512") => Level::Avx512,
+        Some(other) => return (best, Some(format!("MERG_CPU_KERNELS={other:?} is not one of avx512, avx2, portable; using {}", best.name()))),
+    };
+    if forced > best {
+        let w = format!("MERG_CPU_KERNELS={} asks for more than this machine has; using {}", forced.name(), best.name());
+        return (best, Some(w));
+    }
+    (forced, None)
+}
+
+#[cfg(test)]
+mod level_tests {
+    use super::*;
+
+    #[test]
+    fn a_forced_level_is_capped_at_the_detected_one() {
+        use Level::*;
+        assert_eq!(choose_level(None, Avx2), (Avx2, None));
+        assert_eq!(choose_level(Some("portable"), Avx2), (Portable, None));
+        assert_eq!(choose_level(Some("avx2"), Avx512), (Avx2, None));
+        assert_eq!(choose_level(Some("avx512"), Avx512), (Avx512, None));
+        let (l, w) = choose_level(Some("avx512"), Avx2);
+        assert_eq!(l, Avx2);
+        assert!(w.unwrap().contains("using avx2"));
+        let (l, w) = choose_level(Some("avx2"), Portable);
+        assert_eq!(l, Portable);
+        assert!(w.unwrap().contains("avx2 asks for more") );
+        let (l, w) = choose_level(Some("sse9"), Avx2);
+        assert_eq!(l, Avx2);
+        assert!(w.unwrap().contains("\"sse9\" is not one of"));
+    }
 }
 
 /// What the packed kernels' tests share.
