@@ -72,7 +72,7 @@ fn tally(matrices: &[GgmlDType]) -> Vec<(GgmlDType, usize)> {
             None => counts.push((t, 1)),
         }
     }
-    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
     counts
 }
 
