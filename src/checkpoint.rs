@@ -42,7 +42,8 @@ pub fn parse_device(name: &str) -> Result<Device> {
     }
 }
 
-/// How to load: compute dtype (None: the device's default) and in-situ quantization.
+/// How to load: compute dtype (None: the device's default, or a GGUF file's own bf16) and
+/// in-situ quantization.
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
     pub dtype: Option<DType>,
@@ -113,13 +114,14 @@ impl Checkpoint {
 
     /// llama.cpp GGUF files: the text model and its vision projector (see `gguf::resolve`).
     /// Quantized tensors stay in their blocks; `opts.quant` applies only to a file stored in
-    /// float types.
+    /// float types. Without `opts.dtype`, dense tensors take the file's format's default (bf16
+    /// for a bf16 file, see `gguf::Format::default_dtype`).
     pub fn load_gguf(paths: &GgufPaths, device: &Device, opts: &LoadOptions) -> Result<Self> {
         let opened = crate::gguf::open(paths)?;
         if opened.quantized && opts.quant.is_some() {
             bail!("{} is already quantized: in-situ quantization applies to float weights only (load it without a quantization type)", paths.text.display());
         }
-        let dtype = opts.dtype.unwrap_or_else(|| crate::weights::default_dtype(device));
+        let dtype = opts.dtype.unwrap_or_else(|| opened.format.default_dtype(device));
         let (weights, quant_stats) = opts.weights(Weights::new(Arc::new(opened.weights), dtype, device));
         let source = weights.describe();
         let model = models::load(&opened.config, weights).with_context(|| format!("loading the GGUF model {source}"))?;

@@ -416,3 +416,116 @@ fn logits_agree_with_llama_cpp() {
         assert!(same >= 8, "{name}: greedy parted from llama.cpp at token {same}: {ours:?} vs {greedy:?}");
     }
 }
+
+/// `merg bench`'s JSON on `model` (8 prompt tokens, 2 decoded, no roofline), with `extra` flags.
+fn bench_json(model: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["bench", "--model", model.to_str().unwrap(), "--prompt-tokens", "8", "--decode-tokens", "2", "--no-roofline"];
+    args.extend(extra);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_merg")).args(&args).env("HF_HUB_OFFLINE", "1").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// The text model's tensors by type, from the file's own table: (tensors, bytes).
+fn file_types(f: &merg::gguf::GgufFile) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let mut m = std::collections::BTreeMap::new();
+    for t in f.header.tensors.values() {
+        let e = m.entry(merg::gguf::format::type_name(t.dtype).to_string()).or_insert((0, 0));
+        *e = (e.0 + 1, e.1 + t.len as u64);
+    }
+    m
+}
+
+fn json_types(rec: &serde_json::Value) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let m = rec["tensor_types"].as_object().expect("tensor_types");
+    m.iter().map(|(k, v)| (k.clone(), (v["tensors"].as_u64().unwrap(), v["bytes"].as_u64().unwrap()))).collect()
+}
+
+/// `merg bench` on llama.cpp's files says what they are — the format by name and llama.cpp's
+/// label, the tensors by type — and reads per decode token what the file stores: every
+/// tensor in its own type (an f32 run keeps f32 tensors at 4 bytes), the tied head as the
+/// embedding table is stored, and one f32 embedding row. Block tensors without a packed
+/// kernel at this machine's level are named.
+#[test]
+fn bench_tells_the_gguf_format_and_its_bytes() {
+    let base = fixtures().join("gguf/qwen2-vl-wide");
+    for (file, name, label) in [("wide-q4_k_m", "q4_k_m", "MOSTLY_Q4_K_M"), ("wide-q8_0", "q8_0", "MOSTLY_Q8_0"), ("wide-f32", "f32", "ALL_F32")] {
+        let path = base.join(format!("{file}.gguf"));
+        let rec = bench_json(&path, &[]);
+        let text = merg::gguf::GgufFile::open(&path).unwrap();
+        assert_eq!((rec["weights"].as_str(), rec["gguf_file_type"].as_str(), rec["dtype"].as_str()), (Some(name), Some(label), Some("F32")), "{file}");
+        assert_eq!(json_types(&rec), file_types(&text), "{file}");
+        let blocks: Vec<(&String, &merg::gguf::file::TensorInfo)> = text.header.tensors.iter().filter(|(_, t)| t.dtype.block_size() > 1).collect();
+        assert_eq!(rec["quantized_linear_weights"].as_u64(), Some(blocks.len() as u64), "{file}");
+        assert_eq!(rec["quantized_bytes"].as_u64(), Some(blocks.iter().map(|(_, t)| t.len as u64).sum::<u64>()), "{file}");
+        assert!(text.info("output.weight").is_none(), "the fixture ties its head to the embedding");
+        let hidden = text.info("token_embd.weight").unwrap().dims[1] as u64;
+        let stored: u64 = text.header.tensors.values().map(|t| t.len as u64).sum();
+        assert_eq!(rec["decode_weight_bytes_per_token"].as_f64(), Some((stored + hidden * 4) as f64), "{file}");
+        assert!(rec["decode_bytes_per_token"].as_f64().unwrap() > (stored + hidden * 4) as f64, "{file}: the K/V cache read comes on top");
+        let mut named: Vec<(String, String)> =
+            rec["candle_kernel_tensors"].as_array().unwrap().iter().map(|t| (t["tensor"].as_str().unwrap().into(), t["type"].as_str().unwrap().into())).collect();
+        let mut want: Vec<(String, String)> = blocks
+            .iter()
+            .filter(|(_, t)| !merg::cpu::quant::has_kernel(t.dtype))
+            .map(|(n, t)| (n.to_string(), merg::gguf::format::type_name(t.dtype).to_string()))
+            .collect();
+        named.sort();
+        want.sort();
+        assert_eq!(named, want, "{file}");
+    }
+    // The mixed file by name: Q4_K with Q6_K for the embedding (the tied head) and half the
+    // layers' attn_v / ffn_down, as llama.cpp's Q4_K_M recipe does.
+    let rec = bench_json(&base.join("wide-q4_k_m.gguf"), &[]);
+    assert!(!rec["weights"].as_str().unwrap().contains("f32"), "f32 claimed: {}", rec["weights"]);
+    let types = json_types(&rec);
+    assert_eq!((types["q4_k"].0, types["q6_k"].0), (12, 3));
+    let mut q6: Vec<&str> = rec["candle_kernel_tensors"].as_array().unwrap().iter().filter(|t| t["type"] == "q6_k").map(|t| t["tensor"].as_str().unwrap()).collect();
+    q6.sort();
+    let want: &[&str] = match merg::cpu::quant::has_kernel(candle_core::quantized::GgmlDType::Q6K) {
+        true => &[],
+        false => &["blk.1.attn_v.weight", "blk.1.ffn_down.weight", "token_embd.weight"],
+    };
+    assert_eq!(q6, want);
+}
+
+/// A BF16 GGUF (written from the F32 fixture as llama.cpp's converter lays one out) runs in
+/// bf16 unless a dtype is asked for, through `Checkpoint::load_gguf` (generate, respond, serve)
+/// and `merg bench`, and the bench counts its bf16 bytes.
+#[test]
+fn bf16_gguf_runs_in_bf16() {
+    let base = fixtures().join("gguf/qwen2-vl-wide");
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("wide-bf16.gguf");
+    common::bf16_gguf(&base.join("wide-f32.gguf"), &text);
+    let mmproj = tmp.path().join("mmproj-wide-f32.gguf");
+    std::fs::copy(base.join("mmproj-wide-f32.gguf"), &mmproj).unwrap();
+    let paths = GgufPaths { text: text.clone(), mmproj: Some(mmproj) };
+    let ck = Checkpoint::load_gguf(&paths, &Device::Cpu, &LoadOptions::default()).unwrap();
+    assert_eq!(ck.model.dtype(), DType::BF16);
+    let asked = Checkpoint::load_gguf(&paths, &Device::Cpu, &LoadOptions { dtype: Some(DType::F32), ..Default::default() }).unwrap();
+    assert_eq!(asked.model.dtype(), DType::F32);
+    // The bf16 model computes what the F32 file does, within bf16's rounding.
+    let f32_ck = Checkpoint::load_gguf(&GgufPaths { text: base.join("wide-f32.gguf"), mmproj: paths.mmproj.clone() }, &Device::Cpu, &LoadOptions::default()).unwrap();
+    let prompt: Vec<u32> = (0..12).map(|i| 1 + (i * 37) % 400).collect();
+    let logits = |c: &Checkpoint| {
+        let inputs = prepare(&*c.model, &prompt, &Default::default()).unwrap();
+        forward_logits(&*c.model, &inputs, &mut DenseCache::new(), 4).unwrap().to_dtype(DType::F32).unwrap()
+    };
+    let err = common::max_rel_err(&logits(&ck), &logits(&f32_ck));
+    assert!(err < 5e-2, "bf16 vs f32 logits: {err}");
+
+    let rec = bench_json(&text, &[]);
+    let file = merg::gguf::GgufFile::open(&text).unwrap();
+    assert_eq!((rec["weights"].as_str(), rec["dtype"].as_str(), rec["gguf_file_type"].as_str()), (Some("bf16"), Some("BF16"), Some("MOSTLY_BF16")));
+    assert_eq!(json_types(&rec), file_types(&file));
+    assert_eq!(json_types(&rec)["bf16"].0, 15, "every matrix");
+    // Matrices as stored (2 bytes a value), the f32 norms and biases in the bf16 they run in,
+    // the tied head's table and one bf16 embedding row.
+    let vectors: u64 = file.header.tensors.values().filter(|t| t.dims.len() == 1).map(|t| t.dims[0] as u64).sum();
+    let matrices: u64 = file.header.tensors.values().filter(|t| t.dims.len() == 2).map(|t| t.len as u64).sum();
+    let hidden = file.info("token_embd.weight").unwrap().dims[1] as u64;
+    assert_eq!(rec["decode_weight_bytes_per_token"].as_f64(), Some((matrices + vectors * 2 + hidden * 2) as f64));
+    let forced = bench_json(&text, &["--dtype", "f32"]);
+    assert_eq!((forced["weights"].as_str(), forced["dtype"].as_str()), (Some("bf16 as f32"), Some("F32")));
+}

@@ -131,7 +131,8 @@ fn roofline_lines(rec: &mut serde_json::Value, r: &merg::cpu::roofline::Roofline
     let (decode, prefill, bytes, flops) = (f("decode_tokens_per_s"), f("prefill_tokens_per_s"), f("decode_bytes_per_token"), f("prefill_flops"));
     let name = rec["weights"].as_str().unwrap_or("").to_string();
     let decode_pct = 100.0 * decode * bytes / (r.bandwidth_gbs * 1e9);
-    let bf16 = name == "bf16";
+    // Dense bf16 weights (a bf16 GGUF is named by its format, so not by the name).
+    let bf16 = rec["dtype"].as_str() == Some("BF16") && rec["quantized_linear_weights"].as_u64() == Some(0);
     let peak = if bf16 { r.bf16_gflops } else { r.f32_gflops };
     let prefill_pct = 100.0 * flops / f("prefill_s") / (peak * 1e9);
     println!("decode {name}: {decode:.2} tok/s, {decode_pct:.1} % of roofline ({:.3} GB read per token at {:.1} GB/s)", bytes / 1e9, r.bandwidth_gbs);
@@ -151,38 +152,114 @@ fn format_of(f: &str) -> Result<(Option<candle_core::DType>, Option<Quant>)> {
     }
 }
 
-/// Prefill then decode at batch 1 with one weight format.
-fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: Option<Quant>) -> Result<serde_json::Value> {
+/// The weights of one run, before the model is built, and what is known of their format.
+struct Loaded {
+    config: serde_json::Value,
+    weights: Weights,
+    dtype: candle_core::DType,
+    /// A GGUF text model's format: its name, llama.cpp's label and its tensors by type.
+    gguf: Option<merg::gguf::Format>,
+}
+
+/// Opens the run's weights in their compute dtype: `--dtype` (or a `--quant` dtype entry),
+/// else a GGUF file's own default (bf16 for a bf16 file), else the device's.
+fn open_weights(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: Option<Quant>) -> Result<Loaded> {
     let (device, dtype) = device_and_dtype(&a.device, a.dtype.as_deref())?;
-    let dtype = dtype_override.or(dtype).unwrap_or_else(|| merg::weights::default_dtype(&device));
+    let asked = dtype_override.or(dtype);
+    let plain = asked.unwrap_or_else(|| merg::weights::default_dtype(&device));
     let gguf = match (&a.config, &a.model) {
         (None, Some(m)) if !a.dummy => merg::gguf::resolve(m, None, None)?,
         _ => None,
     };
-    let (config, weights) = match (&a.config, &a.model) {
-        (Some(c), _) => (registry::read_config(c)?, Weights::dummy(dtype, &device)),
-        (None, Some(m)) if gguf.is_some() => {
-            // llama.cpp files: the config from their metadata, the weights as stored.
-            let opened = merg::gguf::open(gguf.as_ref().expect("checked"))?;
-            if opened.quantized && quant.is_some() {
-                anyhow::bail!("--quant: {m} is already quantized");
-            }
-            (opened.config, Weights::new(std::sync::Arc::new(opened.weights), dtype, &device))
-        }
-        (None, Some(m)) => {
+    let loaded = match (&a.config, &a.model, gguf) {
+        (Some(c), _, _) => Loaded { config: registry::read_config(c)?, weights: Weights::dummy(plain, &device), dtype: plain, gguf: None },
+        (None, Some(m), Some(paths)) => open_gguf(m, &paths, quant, asked, &device)?,
+        (None, Some(m), None) => {
             let files = merg::hub::resolve(m, None)?;
-            let w = if a.dummy { Weights::dummy(dtype, &device) } else { Weights::safetensors(&files.weights, dtype, &device)? };
-            (registry::read_config(&files.config)?, w)
+            let weights = if a.dummy { Weights::dummy(plain, &device) } else { Weights::safetensors(&files.weights, plain, &device)? };
+            Loaded { config: registry::read_config(&files.config)?, weights, dtype: plain, gguf: None }
         }
-        (None, None) => anyhow::bail!("bench needs --config FILE or --model MODEL"),
+        (None, None, _) => anyhow::bail!("bench needs --config FILE or --model MODEL"),
     };
-    let (weights, stats) = match quant {
-        Some(q) => {
-            let (w, s) = weights.quantize(q, a.quant_vision);
-            (w, Some(s))
-        }
-        None => (weights, None),
+    // What in-situ quantization makes is read back from the ledger, as for any source.
+    Ok(match quant {
+        Some(q) => Loaded { weights: loaded.weights.quantize(q, a.quant_vision).0, ..loaded },
+        None => loaded,
+    })
+}
+
+/// llama.cpp files: the config from their metadata, the weights as stored, dense tensors in
+/// `asked` or the file's own default dtype.
+fn open_gguf(m: &str, paths: &merg::gguf::GgufPaths, quant: Option<Quant>, asked: Option<candle_core::DType>, device: &candle_core::Device) -> Result<Loaded> {
+    let opened = merg::gguf::open(paths)?;
+    if opened.quantized && quant.is_some() {
+        anyhow::bail!("--quant: {m} is already quantized");
+    }
+    let dtype = asked.unwrap_or_else(|| opened.format.default_dtype(device));
+    Ok(Loaded { config: opened.config, weights: Weights::new(std::sync::Arc::new(opened.weights), dtype, device), dtype, gguf: Some(opened.format) })
+}
+
+/// The name of the format a run used: the in-situ quantization, else a GGUF file's format
+/// (a float file computed in another dtype says so: `f32 as bf16`), else the dtype.
+fn weights_name(quant: Option<Quant>, gguf: Option<&merg::gguf::Format>, dtype: candle_core::DType) -> String {
+    use candle_core::quantized::GgmlDType;
+    let dt = format!("{dtype:?}").to_lowercase();
+    match (quant, gguf) {
+        (Some(q), _) => q.name().to_string(),
+        (None, Some(f)) if matches!(f.main, Some(GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)) && f.name != dt => format!("{} as {dt}", f.name),
+        (None, Some(f)) => f.name.clone(),
+        (None, None) => dt,
+    }
+}
+
+/// What the loaded weights are, as the JSON gives it and the lines print it: the bytes a
+/// decode step reads, the tensors by type (as a GGUF file stores them, or as the model holds
+/// them when quantized in situ or read from other sources), and the block-quantized tensors
+/// that run on candle's kernels because no packed kernel takes their type here.
+fn weight_facts(gguf: Option<&merg::gguf::Format>, in_situ: bool, ledger: &merg::weights::Ledger, params: &merg::models::ParamCounts, cpu: bool) -> serde_json::Value {
+    let idle_experts = (params.text_linear + params.text_other).saturating_sub(params.text_active);
+    let decode_bytes = ledger.decode_bytes(params.tied_head, idle_experts);
+    let types = match gguf.filter(|_| !in_situ) {
+        Some(f) => f.tensor_types.clone(),
+        None => ledger.types(),
     };
+    let fallbacks = match cpu {
+        true => ledger.without_kernel(merg::cpu::quant::has_kernel),
+        false => vec![],
+    };
+    let (quantized, quantized_bytes) = ledger.blocks_total();
+    serde_json::json!({
+        "decode_weight_bytes_per_token": decode_bytes,
+        "tensor_types": types,
+        "gguf_file_type": gguf.and_then(|f| f.file_type.clone()),
+        "quantized_linear_weights": quantized,
+        "quantized_bytes": quantized_bytes,
+        "kernels": cpu.then(|| merg::cpu::level().name()),
+        "candle_kernel_tensors": fallbacks.iter().map(|(n, t)| serde_json::json!({"tensor": n, "type": merg::gguf::format::type_name(*t)})).collect::<Vec<_>>(),
+    })
+}
+
+/// Prints the format line and, when some tensors have no packed kernel here, their names by
+/// type (to stderr: stdout stays the figures and the JSON).
+fn print_facts(name: &str, facts: &serde_json::Value) {
+    let types: Vec<String> = facts["tensor_types"].as_object().map(|m| m.iter().map(|(t, c)| format!("{} {t}", c["tensors"])).collect()).unwrap_or_default();
+    let file_type = facts["gguf_file_type"].as_str().map(|f| format!(", file type {f}")).unwrap_or_default();
+    eprintln!("weights: {name} ({} tensors{file_type}); {:.4} GB of weights read per decode token", types.join(", "), facts["decode_weight_bytes_per_token"].as_f64().unwrap_or(0.0) / 1e9);
+    let mut by_type: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for t in facts["candle_kernel_tensors"].as_array().into_iter().flatten() {
+        by_type.entry(t["type"].as_str().unwrap_or("")).or_default().push(t["tensor"].as_str().unwrap_or(""));
+    }
+    for (t, names) in by_type {
+        eprintln!("candle kernels for {} {t} tensors (no packed {t} kernel at {}): {}", names.len(), facts["kernels"].as_str().unwrap_or(""), names.join(", "));
+    }
+}
+
+/// Prefill then decode at batch 1 with one weight format.
+fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: Option<Quant>) -> Result<serde_json::Value> {
+    let Loaded { config, weights, dtype, gguf } = open_weights(a, dtype_override, quant)?;
+    // Last, over any quantizing source: the ledger sees what the layers get.
+    let (weights, ledger) = weights.recorded();
+    let device = weights.device().clone();
     let t_load = Instant::now();
     let model = registry::load(&config, weights)?;
     let load_s = t_load.elapsed().as_secs_f64();
@@ -211,27 +288,17 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     }
     sync(&device)?;
     let decode_s = t1.elapsed().as_secs_f64();
-    let weights_name = quant.map(|q| q.name().to_string()).unwrap_or_else(|| format!("{dtype:?}").to_lowercase());
+    let weights_name = weights_name(quant, gguf.as_ref(), dtype);
     let params = registry::param_counts(&config)?;
-    let bytes_per_weight = match quant {
-        Some(q) => q.bits_per_weight() / 8.0,
-        None => dtype.size_in_bytes() as f64,
-    };
-    let mut cost = merg::cpu::roofline::TokenCost::of(&params, &spec, bytes_per_weight, dtype.size_in_bytes() as f64);
-    // In-situ quantization knows the bytes it made (rows too short for k-quant blocks fall
-    // back to Q8_0, so the format's bits per weight would undercount them).
-    if let Some(s) = &stats {
-        let made = s.quantized_bytes.load(std::sync::atomic::Ordering::Relaxed) as f64;
-        if made > 0.0 {
-            cost.weight_bytes = made * (cost.flops / 2.0) / (params.text_linear as f64 + if params.tied_head { (spec.vocab_size * spec.hidden_size) as f64 } else { 0.0 }).max(1.0);
-        }
-    }
+    let facts = weight_facts(gguf.as_ref(), quant.is_some(), &ledger, &params, device.is_cpu());
+    print_facts(&weights_name, &facts);
+    // The linear-weight count and FLOPs from the config; the bytes as the model holds them.
+    let mut cost = merg::cpu::roofline::TokenCost::of(&params, &spec, dtype.size_in_bytes() as f64, dtype.size_in_bytes() as f64);
+    cost.weight_bytes = facts["decode_weight_bytes_per_token"].as_f64().unwrap_or(0.0);
     let mid_context = (ids.len() + a.decode_tokens / 2) as f64;
     let batched = batched_runs(a, model, &config, &weights_name)?;
-    let rec = serde_json::json!({
+    let mut rec = serde_json::json!({
         "weights": weights_name,
-        "quantized_linear_weights": stats.as_ref().map(|s| s.quantized.load(std::sync::atomic::Ordering::Relaxed)),
-        "quantized_bytes": stats.as_ref().map(|s| s.quantized_bytes.load(std::sync::atomic::Ordering::Relaxed)),
         "family": spec.model_type,
         "hidden_size": spec.hidden_size,
         "layers": spec.layers.len(),
@@ -250,7 +317,15 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
         "peak_rss_bytes": peak_rss(),
         "batched": batched,
     });
+    merge(&mut rec, facts);
     Ok(rec)
+}
+
+/// Adds `extra`'s fields to the object `rec`.
+fn merge(rec: &mut serde_json::Value, extra: serde_json::Value) {
+    if let (Some(r), serde_json::Value::Object(e)) = (rec.as_object_mut(), extra) {
+        r.extend(e);
+    }
 }
 
 /// The `--batch` runs on the loaded model, printed as `decode bf16 batch 8: … tok/s aggregate`.

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod file;
+pub mod format;
 pub mod hub;
 pub mod names;
 pub mod source;
@@ -17,6 +18,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 pub use file::{GgufFile, Header};
+pub use format::Format;
 pub use source::GgufWeights;
 
 /// The files of a GGUF checkpoint.
@@ -107,6 +109,8 @@ pub struct Opened {
     pub preprocessor: Preprocessing,
     /// Whether any tensor is stored in a block-quantized format.
     pub quantized: bool,
+    /// The text model's format (`q4_k_m`, `bf16`, …) and its tensors by type.
+    pub format: Format,
 }
 
 /// How images are prepared for a GGUF checkpoint.
@@ -209,7 +213,9 @@ pub fn open(paths: &GgufPaths) -> Result<Opened> {
         .unwrap_or_default();
     let preprocessor = Preprocessing::read(dir, &mm)?;
     let quantized = [&text, &mm].iter().any(|f| f.header.tensors.values().any(|t| t.dtype.block_size() > 1));
-    Ok(Opened { config, weights: GgufWeights::new(text, Some(mm), arch, heads, deepstack), tokenizer_json, tokenizer_origin, chat_template, preprocessor, quantized })
+    let format = Format::of(&text);
+    let weights = GgufWeights::new(text, Some(mm), arch, heads, deepstack);
+    Ok(Opened { config, weights, tokenizer_json, tokenizer_origin, chat_template, preprocessor, quantized, format })
 }
 
 fn linear_heads(config: &Value) -> names::Heads {
@@ -248,7 +254,7 @@ pub fn loaded_bytes(text: &GgufFile, vision: Option<&GgufFile>, dense_bytes: f64
 }
 
 /// Whether `name` belongs to a multi-token-prediction block (Qwen3.5), which merg skips.
-fn is_mtp(f: &GgufFile, name: &str) -> bool {
+pub(crate) fn is_mtp(f: &GgufFile, name: &str) -> bool {
     let blocks = f.meta("qwen35.block_count").and_then(|v| v.to_u32().ok()).unwrap_or(0);
     let mtp = f.meta("qwen35.nextn_predict_layers").and_then(|v| v.to_u32().ok()).unwrap_or(0);
     if mtp == 0 {

@@ -130,6 +130,10 @@ impl WeightSource for GgufWeights {
         self.find(name).is_some()
     }
 
+    fn stored_name(&self, name: &str) -> Option<String> {
+        self.find(name).map(|(_, parts)| parts.join(" + "))
+    }
+
     fn tensor(&self, name: &str, expect: Option<Expect>, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
         let Some((loc, parts)) = self.find(name) else {
             let file = names::locate(name, self.arch, self.heads, true).map(|l| l.part);

@@ -9,6 +9,7 @@
 //! change to model code.
 
 mod dummy;
+pub mod ledger;
 mod quantize;
 pub mod safetensors;
 
@@ -21,6 +22,7 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 
 pub use self::dummy::DummyWeights;
+pub use self::ledger::{Ledger, LedgerSource, TypeCount};
 pub use self::quantize::{Quant, QuantStats, QuantizingSource};
 pub use self::safetensors::{index_shards, SafetensorsWeights};
 
@@ -35,6 +37,11 @@ pub trait WeightSource: Send + Sync {
     /// Names the source in errors ("a.safetensors, b.safetensors", "dummy weights").
     fn describe(&self) -> String;
     fn contains(&self, name: &str) -> bool;
+    /// Where the source keeps tensor `name`, when it names it otherwise (a GGUF file's
+    /// `blk.0.attn_q.weight`), for reports.
+    fn stored_name(&self, _name: &str) -> Option<String> {
+        None
+    }
     /// A float tensor converted to `dtype` on `dev`. `expect` is absent when the caller takes
     /// whatever shape is stored; file sources check it, generated sources create from it.
     fn tensor(&self, name: &str, expect: Option<Expect>, dtype: DType, dev: &Device) -> candle_core::Result<Tensor>;
@@ -137,6 +144,14 @@ impl Weights {
         let src = QuantizingSource::new(self.source.clone(), quant, vision);
         let stats = src.stats.clone();
         (Self::new(Arc::new(src), self.dtype(), self.device()), stats)
+    }
+
+    /// The same weights, writing what the model takes into the returned `Ledger` (install it
+    /// last, over any quantizing source, so it sees the form the layers get).
+    pub fn recorded(self) -> (Self, Arc<Ledger>) {
+        let src = LedgerSource::new(self.source.clone());
+        let ledger = src.ledger.clone();
+        (Self::new(Arc::new(src), self.dtype(), self.device()), ledger)
     }
 
     pub fn describe(&self) -> String {

@@ -10,6 +10,7 @@ use anyhow::{bail, Result};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
+use super::ledger::is_vision;
 use super::{Expect, WeightSource};
 
 /// A quantization type, named as llama.cpp names it.
@@ -96,10 +97,6 @@ impl QuantizingSource {
     }
 }
 
-/// Whether a tensor belongs to the vision tower (hub layouts: `visual.*`, `model.visual.*`).
-fn is_vision(name: &str) -> bool {
-    name.starts_with("visual.") || name.contains(".visual.")
-}
 
 impl WeightSource for QuantizingSource {
     fn describe(&self) -> String {
@@ -108,6 +105,10 @@ impl WeightSource for QuantizingSource {
 
     fn contains(&self, name: &str) -> bool {
         self.inner.contains(name)
+    }
+
+    fn stored_name(&self, name: &str) -> Option<String> {
+        self.inner.stored_name(name)
     }
 
     fn tensor(&self, name: &str, expect: Option<Expect>, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {

@@ -52,3 +52,30 @@ pub fn fro_rel_err(a: &Tensor, b: &Tensor) -> f32 {
     let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
     d / b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt().max(1e-12)
 }
+
+/// Writes at `dst` a copy of GGUF file `src` with its F32 matrices stored as BF16 and
+/// `general.file_type` set to llama.cpp's MOSTLY_BF16 (32), as `convert_hf_to_gguf.py
+/// --outtype bf16` lays a file out: norms and biases stay F32.
+pub fn bf16_gguf(src: &Path, dst: &Path) {
+    use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+    let f = merg::gguf::GgufFile::open(src).unwrap();
+    let mut meta: Vec<(String, gguf_file::Value)> = f.header.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    meta.retain(|(k, _)| k != "general.file_type" && k != "general.alignment");
+    meta.push(("general.file_type".into(), gguf_file::Value::U32(32)));
+    let tensors: Vec<(String, QTensor)> = f
+        .header
+        .order
+        .iter()
+        .map(|name| {
+            let q = f.qtensor(name, &Device::Cpu).unwrap();
+            match q.dtype() == GgmlDType::F32 && q.shape().rank() >= 2 {
+                true => (name.clone(), QTensor::quantize(&q.dequantize(&Device::Cpu).unwrap(), GgmlDType::BF16).unwrap()),
+                false => (name.clone(), q),
+            }
+        })
+        .collect();
+    let meta_refs: Vec<(&str, &gguf_file::Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    let mut out = std::fs::File::create(dst).unwrap();
+    gguf_file::write(&mut out, &meta_refs, &tensor_refs).unwrap();
+}
