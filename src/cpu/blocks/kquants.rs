@@ -28,15 +28,9 @@ pub fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 pub(super) mod avx2 {
     use super::super::act::Q8K;
-    use super::super::legacy::avx2::hsum;
+    use super::super::legacy::avx2::{f16_at, hsum};
     use super::super::Format;
     use std::arch::x86_64::*;
-
-    #[inline]
-    #[target_feature(enable = "avx2,f16c")]
-    unsafe fn f16_at(p: *const u8) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<u16>().read_unaligned() as i32)))
-    }
 
     /// Row `w` (`nb` blocks of format `F`, a k-quant) against activation rows `r0..r0 + M`.
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -18,7 +18,7 @@ pub(super) mod avx2 {
     /// The f16 at `p` as f32.
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn f16_at(p: *const u8) -> f32 {
+    pub unsafe fn f16_at(p: *const u8) -> f32 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<u16>().read_unaligned() as i32)))
     }
 

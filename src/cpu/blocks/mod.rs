@@ -172,34 +172,37 @@ impl PackedBlocks {
     }
 }
 
-/// A 32-value format's row against `rows` (1–4) activation rows from `r0`.
-fn dispatch_32(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], rows: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use legacy::avx2::row;
+/// `$row::<F, rows>(w, nb, a, r0, out)` for the format `$f` names, with `rows` (1–4) as a
+/// constant, for each listed format (the last one also takes any other).
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_format_and_rows {
+    ($($row:ident)::+, $f:expr, ($w:expr, $nb:expr, $a:expr, $r0:expr, $out:expr, $rows:expr), [$($fmt:ident),*], $last:ident) => {{
         macro_rules! go {
-            ($f:expr) => {{
-                const F: u8 = $f as u8;
+            ($F:ident) => {{
+                const F: u8 = Format::$F as u8;
                 // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c; the
                 // row holds `nb` blocks and the activations hold rows `r0..r0 + rows`.
                 unsafe {
-                    match rows {
-                        1 => row::<F, 1>(w, nb, a, r0, out),
-                        2 => row::<F, 2>(w, nb, a, r0, out),
-                        3 => row::<F, 3>(w, nb, a, r0, out),
-                        _ => row::<F, 4>(w, nb, a, r0, out),
+                    match $rows {
+                        1 => $($row)::+::<F, 1>($w, $nb, $a, $r0, $out),
+                        2 => $($row)::+::<F, 2>($w, $nb, $a, $r0, $out),
+                        3 => $($row)::+::<F, 3>($w, $nb, $a, $r0, $out),
+                        _ => $($row)::+::<F, 4>($w, $nb, $a, $r0, $out),
                     }
                 }
             }};
         }
-        match f {
-            Format::Q8_0 => go!(Format::Q8_0),
-            Format::Q4_0 => go!(Format::Q4_0),
-            Format::Q4_1 => go!(Format::Q4_1),
-            Format::Q5_0 => go!(Format::Q5_0),
-            _ => go!(Format::Q5_1),
+        match $f {
+            $(Format::$fmt => go!($fmt),)*
+            _ => go!($last),
         }
-    }
+    }};
+}
+
+/// A 32-value format's row against `rows` (1–4) activation rows from `r0`.
+fn dispatch_32(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], rows: usize) {
+    #[cfg(target_arch = "x86_64")]
+    by_format_and_rows!(legacy::avx2::row, f, (w, nb, a, r0, out, rows), [Q8_0, Q4_0, Q4_1, Q5_0], Q5_1);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (f, w, nb, a, r0, out, rows);
 }
@@ -207,28 +210,7 @@ fn dispatch_32(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut 
 /// A k-quant row against `rows` (1–4) activation rows from `r0`.
 fn dispatch_k(f: Format, w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], rows: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
-        use kquants::avx2::row;
-        macro_rules! go {
-            ($f:expr) => {{
-                const F: u8 = $f as u8;
-                // SAFETY: as in `dispatch_32`.
-                unsafe {
-                    match rows {
-                        1 => row::<F, 1>(w, nb, a, r0, out),
-                        2 => row::<F, 2>(w, nb, a, r0, out),
-                        3 => row::<F, 3>(w, nb, a, r0, out),
-                        _ => row::<F, 4>(w, nb, a, r0, out),
-                    }
-                }
-            }};
-        }
-        match f {
-            Format::Q4K => go!(Format::Q4K),
-            Format::Q5K => go!(Format::Q5K),
-            _ => go!(Format::Q6K),
-        }
-    }
+    by_format_and_rows!(kquants::avx2::row, f, (w, nb, a, r0, out, rows), [Q4K, Q5K], Q6K);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (f, w, nb, a, r0, out, rows);
 }
