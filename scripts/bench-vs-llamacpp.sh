@@ -231,7 +231,7 @@ def merg_record(path):
     return rec
 
 def fmt(s):  # mean ± stdev over the repetitions
-    return f"{st.mean(s):8.2f} ±{st.stdev(s) if len(s) > 1 else 0:5.2f}"
+    return f"{f'{st.mean(s):.2f} ±{st.stdev(s) if len(s) > 1 else 0:.2f}':>15}"
 
 print(f"CPU: {cpu} | ISA: {isa} | threads {T} | prompt {P} tokens, decode {N} tokens, {R} repetitions each")
 print(f"load average (1, 5, 15 min) before / after the runs: {load}")
