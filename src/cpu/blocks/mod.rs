@@ -232,7 +232,10 @@ mod tests {
         let dtypes = [GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1, GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K];
         for dtype in dtypes {
             let f = Format::of(dtype).expect("a format");
-            let k = |blocks: usize| blocks * f.values();
+            // candle's Q4_1, Q5_0 and Q5_1 references take an even number of blocks (a debug
+            // assertion); Q4_0, Q8_0 and the k-quants keep the odd counts (the kernels' tail).
+            let even = matches!(f, Format::Q4_1 | Format::Q5_0 | Format::Q5_1);
+            let k = |blocks: usize| blocks * f.values() * if even { 2 } else { 1 };
             let shapes = [(1, k(1), 37), (1, k(4), 130), (2, k(2), 16), (3, k(1), 20), (5, k(3), 9), (8, k(2), 17), (40, k(2), 33)];
             packed_matches_candle(dtype, &shapes, |b, n, k| PackedBlocks::pack(f, b, n, k), PackedBlocks::bytes, |n, k| n * k / f.values() * f.bytes(), PackedBlocks::matmul)?;
         }
