@@ -8,7 +8,7 @@ set -Eeuo pipefail
 usage() {
   cat <<'EOF'
 usage: scripts/bench-vs-llamacpp.sh [--level native|avx2] [--gguf FILE...] [-p P] [-n N]
-                                    [-t THREADS] [-r REPS] [--out DIR]
+                                    [-t THREADS] [-r REPS] [--out DIR] [--prepare-only]
 
 Runs llama-bench and `merg bench` on each GGUF file (engines alternate file by file) and
 prints a table of prefill / decode tokens/s and merg ÷ llama.cpp ratios.
@@ -23,6 +23,8 @@ prints a table of prefill / decode tokens/s and merg ÷ llama.cpp ratios.
   -p P            prompt tokens (default 256)      -n N   decode tokens (default 32)
   -t THREADS      threads for both (default: nproc) -r R  repetitions of each (default 3)
   --out DIR       where the raw JSON goes (default target/bench-vs-llamacpp/<time>)
+  --prepare-only  build llama.cpp and make the files, then stop (run it niced while the
+                  machine is busy with other work; the measuring run then finds both cached)
 
 Caches (MERG_CACHE, default ~/.cache/merg): llama.cpp-<version>-<level>/ (built once),
 bench-venv/ (pinned gguf + numpy, cmake when the system has none), bench-gguf/ (the files).
@@ -36,7 +38,7 @@ trap 'echo "bench-vs-llamacpp: failed (exit $?) at line $LINENO: $BASH_COMMAND" 
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${MERG_CACHE:-$HOME/.cache/merg}
-LEVEL=native P=256 N=32 THREADS=$(nproc) REPS=3 OUT="" GGUFS=()
+LEVEL=native P=256 N=32 THREADS=$(nproc) REPS=3 OUT="" GGUFS=() PREPARE=0
 while (($#)); do
   case $1 in
     -h|--help) usage; exit 0 ;;
@@ -48,6 +50,7 @@ while (($#)); do
     -t) THREADS=${2:?}; shift 2 ;;
     -r) REPS=${2:?}; shift 2 ;;
     --out) OUT=${2:?}; shift 2 ;;
+    --prepare-only) PREPARE=1; shift ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
 done
@@ -140,6 +143,11 @@ if ((${#GGUFS[@]} == 0)); then
       GGUFS+=("$f")
     done
   done
+fi
+
+if ((PREPARE)); then
+  printf '== prepared (nothing measured): %s\n' "${GGUFS[@]}"
+  exit 0
 fi
 
 # --- merg --------------------------------------------------------------------------------------
@@ -250,6 +258,6 @@ for row in rows:
     mpp = [x["prefill_tokens_per_s"] for x in recs]; mtg = [x["decode_tokens_per_s"] for x in recs]
     print(f"{name:<34} {kind:<8} {os.path.getsize(f) / 2**30:6.2f} | {fmt(lpp)} {fmt(mpp)} {st.mean(mpp) / st.mean(lpp):6.2f} | {fmt(ltg)} {fmt(mtg)} {st.mean(mtg) / st.mean(ltg):6.2f}")
 print("tok/s, mean ± stdev; ratio = merg ÷ llama.cpp (above 1: merg faster). pp = prefill of the prompt,")
-print("tg = decode: llama-bench times it from an empty context and after a warm-up run; merg decodes after its prompt")
-print("and times its first (cold) prefill in a fresh process.")
+print("tg = decode: llama-bench times it from an empty context; merg decodes after its prompt. Both engines run one")
+print("untimed warm-up prefill first (llama-bench's default, merg bench --warmup 1).")
 PYEOF

@@ -33,6 +33,11 @@ pub struct BenchArgs {
     prompt_tokens: usize,
     #[arg(long, default_value_t = 64)]
     decode_tokens: usize,
+    /// Untimed prefills of the same prompt (each in a fresh cache) before the timed one, as
+    /// llama-bench warms up by default: the first pass through a freshly loaded model also
+    /// pays for first-touch page faults and the thread team's start. 0 times the cold pass.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
     /// Weight formats to measure in this one run, comma-separated: `none` (the --dtype
     /// weights), a dtype (f32, f16, bf16) or a quantization (q8_0, q6k, q5k, q4k; computed
     /// in --dtype). Ratios are to the first.
@@ -274,6 +279,11 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     let hi = spec.special.vision_start.min(spec.vocab_size as u32).max(2);
     let ids: Vec<u32> = (0..a.prompt_tokens as u32).map(|i| 1 + (i * 7919) % (hi - 1)).collect();
     let sync = |d: &candle_core::Device| d.synchronize().context("device sync");
+    for _ in 0..a.warmup {
+        let pre = merg::generate::prepare(&*model, &ids, &VisionInput::default())?;
+        forward_logits(&*model, &pre, &mut DenseCache::new(), 1)?;
+        sync(&device)?;
+    }
     let t0 = Instant::now();
     let pre = merg::generate::prepare(&*model, &ids, &VisionInput::default())?;
     let mut kv = DenseCache::new();
@@ -307,6 +317,7 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
         "dummy": a.config.is_some() || a.dummy,
         "prompt_tokens": a.prompt_tokens,
         "decode_tokens": a.decode_tokens,
+        "warmup_prefills": a.warmup,
         "prefill_tokens_per_s": a.prompt_tokens as f64 / prefill_s,
         "prefill_s": prefill_s,
         "prefill_flops": cost.prefill_flops(a.prompt_tokens as f64),

@@ -28,7 +28,7 @@ pub fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 pub(super) mod avx2 {
     use super::super::act::Q8K;
-    use super::super::legacy::avx2::{f16_at, hsum};
+    use super::super::legacy::avx2::{f16_at, hsum, prefetch};
     use super::super::Format;
     use std::arch::x86_64::*;
 
@@ -39,6 +39,7 @@ pub(super) mod avx2 {
         let mut acc = [_mm256_setzero_ps(); M];
         for b in 0..nb {
             let blk = w.add(b * bytes);
+            prefetch(blk, bytes);
             if F == Format::Q6K as u8 {
                 q6k_block::<M>(blk, nb, b, a, r0, &mut acc);
             } else {
@@ -49,6 +50,22 @@ pub(super) mod avx2 {
             out[r] = hsum(acc[r]);
         }
     }
+
+    /// `PICK[j]` broadcasts 16-bit word `j` of a 128-bit half across it (`vpshufb`).
+    const PICK: [__m256i; 8] = {
+        let mut p = [[0u8; 32]; 8];
+        let mut j = 0;
+        while j < 8 {
+            let mut i = 0;
+            while i < 32 {
+                p[j][i] = (2 * j + i % 2) as u8;
+                i += 1;
+            }
+            j += 1;
+        }
+        // SAFETY: [u8; 32] and __m256i have the same size, every bit pattern is valid.
+        unsafe { std::mem::transmute::<[[u8; 32]; 8], [__m256i; 8]>(p) }
+    };
 
     /// Activation row `r`'s 32 values from `at` of block `b`.
     #[inline]
@@ -74,6 +91,9 @@ pub(super) mod avx2 {
         let qs = w.add(if five { 48 } else { 16 });
         let (m4, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
         let mut hb = if five { _mm256_loadu_si256(w.add(16) as *const __m256i) } else { _mm256_setzero_si256() };
+        // The eight scales as 16-bit words in both halves, each broadcast by a shuffle when
+        // its sub-block comes (cheaper than moving each byte to a vector on its own).
+        let scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(sc))));
         let mut isum = [_mm256_setzero_si256(); M];
         for c in 0..4 {
             // 64 values: the low nibbles are sub-block 2c, the high ones 2c + 1; Q5_K's fifth
@@ -86,7 +106,7 @@ pub(super) mod avx2 {
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<1>(hb), one)));
                 hb = _mm256_srli_epi16::<2>(hb);
             }
-            let (sl, sh) = (_mm256_set1_epi16(sc[2 * c] as i16), _mm256_set1_epi16(sc[2 * c + 1] as i16));
+            let (sl, sh) = (_mm256_shuffle_epi8(scales, PICK[2 * c]), _mm256_shuffle_epi8(scales, PICK[2 * c + 1]));
             for r in 0..M {
                 let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x32(a, nb, r0 + r, b, 64 * c)), sl);
                 let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x32(a, nb, r0 + r, b, 64 * c + 32)), sh);

@@ -74,7 +74,9 @@ pub(super) mod avx2 {
         let (even, odd) = acc.split_at_mut(1);
         let (ceven, codd) = corr.split_at_mut(1);
         let mut b = 0;
+        let bytes = Format::from_id(F).bytes();
         while b + 2 <= nb {
+            prefetch(w.add(b * bytes), 2 * bytes);
             block::<F, M>(w, b, nb, a, r0, &mut even[0], &mut ceven[0]);
             block::<F, M>(w, b + 1, nb, a, r0, &mut odd[0], &mut codd[0]);
             b += 2;
@@ -107,6 +109,21 @@ pub(super) mod avx2 {
                 let min = F == Format::Q4_1 as u8 || F == Format::Q5_1 as u8;
                 corr[r] += c * *a.s.get_unchecked(2 * blk + min as usize);
             }
+        }
+    }
+
+    /// How far ahead of the block being dotted the weight stream is prefetched, in bytes.
+    pub const AHEAD: usize = 4096;
+
+    /// Prefetches the `bytes` bytes `AHEAD` past `p` into L2/L1 (one hint per cache line):
+    /// the decode step streams every weight once, and the hardware prefetchers alone left
+    /// the k-quants at 70 % of the triad bandwidth.
+    #[inline(always)]
+    pub unsafe fn prefetch(p: *const u8, bytes: usize) {
+        let mut off = 0;
+        while off < bytes {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD + off) as *const i8);
+            off += 64;
         }
     }
 
