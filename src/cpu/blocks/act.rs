@@ -14,7 +14,16 @@ pub struct Q8 {
     pub q: Vec<i8>,
     pub d: Vec<f32>,
     pub s: Vec<f32>,
+    /// For each whole group of `GROUP` rows, block by block, the group's `GROUP` scales side by
+    /// side (`[group][block][row]`): the tile kernel loads them as one vector. `s8` likewise
+    /// holds `s` exact and `s8h` rounded through f16.
+    pub d8: Vec<f32>,
+    pub s8: Vec<f32>,
+    pub s8h: Vec<f32>,
 }
+
+/// Activation rows the tile kernel takes at once (one 8-lane vector of results).
+pub const GROUP: usize = 8;
 
 /// Rows quantized per 256 values: `q` int8, `d` the scale, `bsums` each 16 values' Σq.
 pub struct Q8K {
@@ -46,9 +55,26 @@ impl Q8 {
             s[0] = *d * sum as f32;
             s[1] = f16::from_f32(s[0]).to_f32();
         });
-        Q8 { k, q, d, s }
+        let (d8, s8, s8h) = (by_group(m, k / 32, |b| d[b]), by_group(m, k / 32, |b| s[2 * b]), by_group(m, k / 32, |b| s[2 * b + 1]));
+        Q8 { k, q, d, s, d8, s8, s8h }
     }
 }
+
+/// `f(block index)` of the whole `GROUP`-row groups of an `[m, nb]` block grid, laid out
+/// `[group][block][row]`.
+fn by_group(m: usize, nb: usize, f: impl Fn(usize) -> f32) -> Vec<f32> {
+    let groups = m / GROUP;
+    let mut out = vec![0f32; groups * nb * GROUP];
+    for g in 0..groups {
+        for b in 0..nb {
+            for r in 0..GROUP {
+                out[(g * nb + b) * GROUP + r] = f((g * GROUP + r) * nb + b);
+            }
+        }
+    }
+    out
+}
+
 
 impl Q8K {
     /// `x` is `[m, k]` with `k` a multiple of 256.

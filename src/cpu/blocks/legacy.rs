@@ -11,7 +11,7 @@
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 pub(super) mod avx2 {
-    use super::super::act::Q8;
+    use super::super::act::{Q8, GROUP};
     use super::super::Format;
     use std::arch::x86_64::*;
 
@@ -110,6 +110,73 @@ pub(super) mod avx2 {
                 corr[r] += c * *a.s.get_unchecked(2 * blk + min as usize);
             }
         }
+    }
+
+    /// Row `w` (`nb` blocks) against the `GROUP` activation rows of group `g` (rows `8g..8g+8`,
+    /// prefill): `out[r]`. Each weight block is decoded once for the eight rows, and the eight
+    /// dots land in the lanes of one vector (`reduce16`/`reduce32`), so the scales, the
+    /// offset/min correction and the accumulation are one vector op per block for all eight
+    /// rows instead of scalar work per row (the four-row `row` spent more on those than on
+    /// the integer dots themselves).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tile<const F: u8>(w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]) {
+        let bytes = Format::from_id(F).bytes();
+        let signed = F == Format::Q8_0 as u8;
+        // The min formats take `s` through f16 as ggml's `block_q8_1` holds it.
+        let sx = if F == Format::Q4_1 as u8 || F == Format::Q5_1 as u8 { &a.s8h } else { &a.s8 };
+        let (mut acc, mut corr) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let ones = _mm256_set1_epi16(1);
+        for b in 0..nb {
+            let blk = w.add(b * bytes);
+            prefetch(blk, bytes);
+            let (u, d, c) = decode::<F>(blk);
+            let au = if signed { _mm256_sign_epi8(u, u) } else { u };
+            let mut p = [_mm256_setzero_si256(); GROUP];
+            for (r, p) in p.iter_mut().enumerate() {
+                let mut x = _mm256_loadu_si256(a.q.as_ptr().add(((g * GROUP + r) * nb + b) * 32) as *const __m256i);
+                if signed {
+                    x = _mm256_sign_epi8(x, u);
+                }
+                let m = _mm256_maddubs_epi16(au, x);
+                *p = if signed { _mm256_madd_epi16(m, ones) } else { m };
+            }
+            let sums = if signed { reduce32(&p) } else { reduce16(&p) };
+            let at = (g * nb + b) * GROUP;
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(a.d8.as_ptr().add(at))), acc);
+            if !signed {
+                corr = _mm256_fmadd_ps(_mm256_set1_ps(c), _mm256_loadu_ps(sx.as_ptr().add(at)), corr);
+            }
+        }
+        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc, corr));
+    }
+
+    /// The eight i32 vectors' totals, vector `r`'s in lane `r`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn reduce32(p: &[__m256i; GROUP]) -> __m256i {
+        let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+        halves(q0, q1)
+    }
+
+    /// The eight i16 vectors' totals as i32, vector `r`'s in lane `r`. Two rounds of pairwise
+    /// i16 sums before widening: a `vpmaddubsw` lane of these formats is at most 2·31·127 =
+    /// 7874 (activations stay within ±127), so four of them, 31 496, still fit in an i16.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn reduce16(p: &[__m256i; GROUP]) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let q0 = _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
+        let q1 = _mm256_hadd_epi16(_mm256_hadd_epi16(p[4], p[5]), _mm256_hadd_epi16(p[6], p[7]));
+        halves(_mm256_madd_epi16(q0, ones), _mm256_madd_epi16(q1, ones))
+    }
+
+    /// `q0` holds vectors 0–3's low-half sums in its low lane and their high-half sums in its
+    /// high lane, `q1` vectors 4–7's: the eight totals.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn halves(q0: __m256i, q1: __m256i) -> __m256i {
+        _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(q0, q1), _mm256_permute2x128_si256::<0x31>(q0, q1))
     }
 
     /// How far ahead of the block being dotted the weight stream is prefetched, in bytes.

@@ -149,7 +149,26 @@ impl PackedBlocks {
             super::panels::run(n, m, out, |p, g, mg, res| self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_k(self.format, w, k / 256, &a, r, o, rows)));
         } else {
             let a = Q8::quantize(x, m, k);
-            super::panels::run(n, m, out, |p, g, mg, res| self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_32(self.format, w, k / 32, &a, r, o, rows)));
+            super::panels::run(n, m, out, |p, g, mg, res| {
+                // A whole group of activation rows (prefill) takes the eight-row tile.
+                if mg == act::GROUP && g % act::GROUP == 0 {
+                    return self.tiles(p, res, row_bytes, &|w, o| tile_32(self.format, w, k / 32, &a, g / act::GROUP, o));
+                }
+                self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_32(self.format, w, k / 32, &a, r, o, rows))
+            });
+        }
+    }
+
+    /// Rows `16p..` against one whole group of activation rows: `tile(row, out)` fills
+    /// `out[..GROUP]`, written to `res[r * 16 + lane]`.
+    fn tiles(&self, p: usize, res: &mut [f32], row_bytes: usize, tile: &dyn Fn(*const u8, &mut [f32])) {
+        let mut part = [0f32; act::GROUP];
+        for lane in 0..PANEL.min(self.n - p * PANEL) {
+            // SAFETY: row `16p + lane` < n lies inside `data` (n rows of `row_bytes`).
+            tile(unsafe { self.data.as_ptr().add((p * PANEL + lane) * row_bytes) }, &mut part);
+            for (r, v) in part.iter().enumerate() {
+                res[r * PANEL + lane] = *v;
+            }
         }
     }
 
@@ -207,6 +226,29 @@ fn dispatch_32(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut 
     let _ = (f, w, nb, a, r0, out, rows);
 }
 
+/// A 32-value format's row against activation row group `g` (`act::GROUP` rows).
+fn tile_32(f: Format, w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! go {
+            ($F:ident) => {
+                // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c; the row
+                // holds `nb` blocks and the activations hold group `g` whole.
+                unsafe { legacy::avx2::tile::<{ Format::$F as u8 }>(w, nb, a, g, out) }
+            };
+        }
+        match f {
+            Format::Q8_0 => go!(Q8_0),
+            Format::Q4_0 => go!(Q4_0),
+            Format::Q4_1 => go!(Q4_1),
+            Format::Q5_0 => go!(Q5_0),
+            _ => go!(Q5_1),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (f, w, nb, a, g, out);
+}
+
 /// A k-quant row against `rows` (1–4) activation rows from `r0`.
 fn dispatch_k(f: Format, w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], rows: usize) {
     #[cfg(target_arch = "x86_64")]
@@ -236,7 +278,7 @@ mod tests {
             // assertion); Q4_0, Q8_0 and the k-quants keep the odd counts (the kernels' tail).
             let even = matches!(f, Format::Q4_1 | Format::Q5_0 | Format::Q5_1);
             let k = |blocks: usize| blocks * f.values() * if even { 2 } else { 1 };
-            let shapes = [(1, k(1), 37), (1, k(4), 130), (2, k(2), 16), (3, k(1), 20), (5, k(3), 9), (8, k(2), 17), (40, k(2), 33)];
+            let shapes = [(1, k(1), 37), (1, k(4), 130), (2, k(2), 16), (3, k(1), 20), (5, k(3), 9), (8, k(2), 17), (13, k(3), 18), (40, k(2), 33)];
             packed_matches_candle(dtype, &shapes, |b, n, k| PackedBlocks::pack(f, b, n, k), PackedBlocks::bytes, |n, k| n * k / f.values() * f.bytes(), PackedBlocks::matmul)?;
         }
         Ok(())
