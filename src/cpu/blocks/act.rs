@@ -25,12 +25,14 @@ pub struct Q8 {
 /// Activation rows the tile kernel takes at once (one 8-lane vector of results).
 pub const GROUP: usize = 8;
 
-/// Rows quantized per 256 values: `q` int8, `d` the scale, `bsums` each 16 values' Σq.
+/// Rows quantized per 256 values: `q` int8, `d` the scale, `bsums` each 16 values' Σq; `d8`
+/// the scales of each whole group of `GROUP` rows as `Q8::d8` lays them out.
 pub struct Q8K {
     pub k: usize,
     pub q: Vec<i8>,
     pub d: Vec<f32>,
     pub bsums: Vec<i16>,
+    pub d8: Vec<f32>,
 }
 
 /// Blocks quantized in parallel when there are many (prefill), in place otherwise (decode: a
@@ -82,7 +84,8 @@ impl Q8K {
         let nb = m * k / 256;
         let (mut q, mut d, mut bsums) = (vec![0i8; m * k], vec![0f32; nb], vec![0i16; nb * 16]);
         blocks(m > 1, &x[..m * k], 256, &mut q, &mut d, &mut bsums, 16, |x, q, d, sums| *d = q8k_block(x, q, sums));
-        Q8K { k, q, d, bsums }
+        let d8 = by_group(m, k / 256, |b| d[b]);
+        Q8K { k, q, d, bsums, d8 }
     }
 }
 

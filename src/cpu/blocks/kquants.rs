@@ -27,8 +27,8 @@ pub fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 pub(super) mod avx2 {
-    use super::super::act::Q8K;
-    use super::super::legacy::avx2::{f16_at, hsum, prefetch};
+    use super::super::act::{Q8K, GROUP};
+    use super::super::legacy::avx2::{f16_at, hsum, prefetch, reduce32};
     use super::super::Format;
     use std::arch::x86_64::*;
 
@@ -49,6 +49,32 @@ pub(super) mod avx2 {
         for r in 0..M {
             out[r] = hsum(acc[r]);
         }
+    }
+
+    /// Row `w` (`nb` blocks of format `F`, a k-quant) against the `GROUP` activation rows of
+    /// group `g` (prefill): `out[r]`. As `legacy::avx2::tile`: each block decoded once for the
+    /// eight rows, and the per-block scaling, min or offset terms done for all eight rows
+    /// in one vector (`reduce32`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tile<const F: u8>(w: *const u8, nb: usize, a: &Q8K, g: usize, out: &mut [f32]) {
+        let bytes = Format::from_id(F).bytes();
+        let mut acc = _mm256_setzero_ps();
+        for b in 0..nb {
+            let blk = w.add(b * bytes);
+            prefetch(blk, bytes);
+            let dx = _mm256_loadu_ps(a.d8.as_ptr().add((g * nb + b) * GROUP));
+            let rows = |r: usize| g * GROUP + r;
+            if F == Format::Q6K as u8 {
+                let (isum, off) = q6k_sums::<GROUP>(blk, nb, b, a, rows);
+                let dot = _mm256_sub_epi32(reduce32(&isum), _mm256_slli_epi32::<5>(reduce32(&off)));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(_mm256_set1_ps(f16_at(blk.add(208))), dx), acc);
+            } else {
+                let (isum, msum) = q45k_sums::<F, GROUP>(blk, nb, b, a, rows);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce32(&isum)), _mm256_mul_ps(_mm256_set1_ps(f16_at(blk)), dx), acc);
+                acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce32(&msum)), _mm256_mul_ps(_mm256_set1_ps(f16_at(blk.add(2))), dx), acc);
+            }
+        }
+        _mm256_storeu_ps(out.as_mut_ptr(), acc);
     }
 
     /// `PICK[j]` broadcasts 16-bit word `j` of a 128-bit half across it (`vpshufb`).
@@ -86,6 +112,20 @@ pub(super) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q45k_block<const F: u8, const M: usize>(w: *const u8, nb: usize, b: usize, a: &Q8K, r0: usize, acc: &mut [__m256; M]) {
+        let (isum, msum) = q45k_sums::<F, M>(w, nb, b, a, |r| r0 + r);
+        let (d, dmin) = (f16_at(w), f16_at(w.add(2)));
+        for r in 0..M {
+            let dx = *a.d.get_unchecked((r0 + r) * nb + b);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * dx), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[r]), _mm256_set1_ps(dmin * dx), acc[r]);
+        }
+    }
+
+    /// A Q4_K/Q5_K block's integer sums against activation rows `row(0..M)`: Σ_j sc_j · Σ u·x
+    /// and Σ_j m_j · Σx_j, as eight i32 lanes per row.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q45k_sums<const F: u8, const M: usize>(w: *const u8, nb: usize, b: usize, a: &Q8K, row: impl Fn(usize) -> usize) -> ([__m256i; M], [__m256i; M]) {
         let five = F == Format::Q5K as u8;
         let (sc, mn) = super::scales_mins(std::slice::from_raw_parts(w.add(4), 12));
         let qs = w.add(if five { 48 } else { 16 });
@@ -108,30 +148,43 @@ pub(super) mod avx2 {
             }
             let (sl, sh) = (_mm256_shuffle_epi8(scales, PICK[2 * c]), _mm256_shuffle_epi8(scales, PICK[2 * c + 1]));
             for r in 0..M {
-                let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x32(a, nb, r0 + r, b, 64 * c)), sl);
-                let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x32(a, nb, r0 + r, b, 64 * c + 32)), sh);
+                let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x32(a, nb, row(r), b, 64 * c)), sl);
+                let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x32(a, nb, row(r), b, 64 * c + 32)), sh);
                 isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(pl, ph));
             }
         }
         // Each min twice, once for each 16-value sum of its sub-block.
         let pairs = _mm_shuffle_epi8(_mm_cvtsi64_si128(i64::from_le_bytes(mn)), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
         let mins = _mm256_cvtepu8_epi16(pairs);
-        let (d, dmin) = (f16_at(w), f16_at(w.add(2)));
+        let mut msum = [_mm256_setzero_si256(); M];
         for r in 0..M {
-            let dx = *a.d.get_unchecked((r0 + r) * nb + b);
-            let msum = _mm256_madd_epi16(mins, bsums(a, nb, r0 + r, b));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * dx), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * dx), acc[r]);
+            msum[r] = _mm256_madd_epi16(mins, bsums(a, nb, row(r), b));
         }
+        (isum, msum)
     }
 
     /// One Q6_K block (210 bytes: 128 bytes of low nibbles, 64 of 2-bit highs, 16 signed
-    /// scales, d). Half `h` of the block is four groups of 32 values: the low nibbles of
-    /// `ql[64h..64h+32]` and `ql[64h+32..64h+64]`, then their high nibbles, with bit pairs 0,
-    /// 2, 4, 6 of `qh[32h..32h+32]` on top.
+    /// scales, d).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn q6k_block<const M: usize>(w: *const u8, nb: usize, b: usize, a: &Q8K, r0: usize, acc: &mut [__m256; M]) {
+        let (isum, off) = q6k_sums::<M>(w, nb, b, a, |r| r0 + r);
+        let d = f16_at(w.add(208));
+        for r in 0..M {
+            // The −32 offset: 32 · Σ_i sc_i · Σx_i.
+            let dot = _mm256_sub_epi32(isum[r], _mm256_slli_epi32::<5>(off[r]));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * *a.d.get_unchecked((r0 + r) * nb + b)), acc[r]);
+        }
+    }
+
+    /// A Q6_K block's integer sums against activation rows `row(0..M)`: Σ_i sc_i · Σ u·x and
+    /// Σ_i sc_i · Σx_i (the offset's share, before its factor 32), as eight i32 lanes per row.
+    /// Half `h` of the block is four groups of 32 values: the low nibbles of `ql[64h..64h+32]`
+    /// and `ql[64h+32..64h+64]`, then their high nibbles, with bit pairs 0, 2, 4, 6 of
+    /// `qh[32h..32h+32]` on top.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q6k_sums<const M: usize>(w: *const u8, nb: usize, b: usize, a: &Q8K, row: impl Fn(usize) -> usize) -> ([__m256i; M], [__m256i; M]) {
         let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
         let scales = _mm_loadu_si128(w.add(192) as *const __m128i);
         let mut isum = [_mm256_setzero_si256(); M];
@@ -151,18 +204,16 @@ pub(super) mod avx2 {
                 let pick = _mm_setr_epi8(t, t, t, t, t, t, t, t, t + 1, t + 1, t + 1, t + 1, t + 1, t + 1, t + 1, t + 1);
                 let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
                 for r in 0..M {
-                    let p = _mm256_maddubs_epi16(*u, x32(a, nb, r0 + r, b, 128 * h + 32 * g));
+                    let p = _mm256_maddubs_epi16(*u, x32(a, nb, row(r), b, 128 * h + 32 * g));
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, s));
                 }
             }
         }
         let all = _mm256_cvtepi8_epi16(scales);
-        let d = f16_at(w.add(208));
+        let mut off = [_mm256_setzero_si256(); M];
         for r in 0..M {
-            // The −32 offset: 32 · Σ_i sc_i · Σx_i.
-            let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(all, bsums(a, nb, r0 + r, b)));
-            let dot = _mm256_sub_epi32(isum[r], off);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * *a.d.get_unchecked((r0 + r) * nb + b)), acc[r]);
+            off[r] = _mm256_madd_epi16(all, bsums(a, nb, row(r), b));
         }
+        (isum, off)
     }
 }

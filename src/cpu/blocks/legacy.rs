@@ -153,7 +153,7 @@ pub(super) mod avx2 {
     /// The eight i32 vectors' totals, vector `r`'s in lane `r`.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn reduce32(p: &[__m256i; GROUP]) -> __m256i {
+    pub unsafe fn reduce32(p: &[__m256i; GROUP]) -> __m256i {
         let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
         let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
         halves(q0, q1)

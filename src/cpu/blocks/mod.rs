@@ -146,7 +146,12 @@ impl PackedBlocks {
         let row_bytes = k / self.format.values() * self.format.bytes();
         if self.format.values() == 256 {
             let a = Q8K::quantize(x, m, k);
-            super::panels::run(n, m, out, |p, g, mg, res| self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_k(self.format, w, k / 256, &a, r, o, rows)));
+            super::panels::run(n, m, out, |p, g, mg, res| {
+                if mg == act::GROUP && g % act::GROUP == 0 {
+                    return self.tiles(p, res, row_bytes, &|w, o| tile_k(self.format, w, k / 256, &a, g / act::GROUP, o));
+                }
+                self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_k(self.format, w, k / 256, &a, r, o, rows))
+            });
         } else {
             let a = Q8::quantize(x, m, k);
             super::panels::run(n, m, out, |p, g, mg, res| {
@@ -243,6 +248,26 @@ fn tile_32(f: Format, w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]
             Format::Q4_1 => go!(Q4_1),
             Format::Q5_0 => go!(Q5_0),
             _ => go!(Q5_1),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (f, w, nb, a, g, out);
+}
+
+/// A k-quant row against activation row group `g` (`act::GROUP` rows).
+fn tile_k(f: Format, w: *const u8, nb: usize, a: &Q8K, g: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! go {
+            ($F:ident) => {
+                // SAFETY: as `tile_32`.
+                unsafe { kquants::avx2::tile::<{ Format::$F as u8 }>(w, nb, a, g, out) }
+            };
+        }
+        match f {
+            Format::Q4K => go!(Q4K),
+            Format::Q5K => go!(Q5K),
+            _ => go!(Q6K),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
