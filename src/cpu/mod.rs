@@ -6,6 +6,7 @@ pub mod attention;
 pub mod bf16;
 pub mod blocks;
 pub mod elementwise;
+pub mod fp32;
 pub mod matvec;
 pub mod pages;
 pub mod panels;
