@@ -79,10 +79,10 @@ mod fma {
     #[target_feature(enable = "avx512f")]
     pub unsafe fn panel(lines: &[Line], x: &[f32], k: usize, mg: usize, res: &mut [f32]) {
         match mg {
-            1 => rows::<1, 4>(lines, x, k, res),
-            2 => rows::<2, 4>(lines, x, k, res),
-            3 => rows::<3, 4>(lines, x, k, res),
-            4 => rows::<4, 4>(lines, x, k, res),
+            1 => rows::<1, 2>(lines, x, k, res),
+            2 => rows::<2, 2>(lines, x, k, res),
+            3 => rows::<3, 2>(lines, x, k, res),
+            4 => rows::<4, 2>(lines, x, k, res),
             5 => rows::<5, 2>(lines, x, k, res),
             6 => rows::<6, 2>(lines, x, k, res),
             7 => rows::<7, 2>(lines, x, k, res),
@@ -91,7 +91,9 @@ mod fma {
     }
 
     /// `M` activation rows with `C` accumulator chains each (constants, so the accumulators
-    /// stay in registers; `C` chains hide the FMA's latency when `M` is small).
+    /// stay in registers). `C` is the same for every `M`: a row's sums are then added in
+    /// the same order whatever else shares its step, so a token's logits do not depend on
+    /// the batch (greedy outputs with the prefix cache on and off stay equal); `C` chains hide the FMA's latency when `M` is small).
     #[target_feature(enable = "avx512f")]
     unsafe fn rows<const M: usize, const C: usize>(lines: &[Line], x: &[f32], k: usize, res: &mut [f32]) {
         let l = lines.as_ptr() as *const f32;
@@ -148,6 +150,26 @@ mod tests {
             let mut got = vec![0f32; m * n];
             packed.matmul(&x.flatten_all()?.to_vec1::<f32>()?, m, &mut got);
             assert_close(&want, &got, 1e-5, &format!("{m}x{k}x{n}"));
+        }
+        Ok(())
+    }
+
+    /// A row's product is the same bits whatever rows share the call (decode alone, a few
+    /// sequences, a prefill pass), so a token's logits do not depend on its batch.
+    #[test]
+    fn a_rows_product_does_not_depend_on_its_batch() -> candle_core::Result<()> {
+        if !available() {
+            return Ok(());
+        }
+        let (k, n) = (200, 48);
+        let x = crate::testing::randn(60, (11, k), 1.)?.flatten_all()?.to_vec1::<f32>()?;
+        let packed = PackedF32::pack(&crate::testing::randn(61, (n, k), 1.)?.flatten_all()?.to_vec1::<f32>()?, n, k);
+        let mut all = vec![0f32; 11 * n];
+        packed.matmul(&x, 11, &mut all);
+        for m in [1, 2, 5] {
+            let mut got = vec![0f32; m * n];
+            packed.matmul(&x[..m * k], m, &mut got);
+            assert_eq!(got, all[..m * n], "first {m} rows alone vs among 11");
         }
         Ok(())
     }

@@ -68,13 +68,18 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl ApiError {
+    /// 413 naming the body limit.
+    pub fn too_large(flavor: Flavor, limit: usize) -> ApiError {
+        ApiError::new(flavor, 413, format!("the request body exceeds the server's limit of {} bytes ({} MiB)", limit, limit >> 20))
+    }
+}
+
 /// The request body as `T`: 413 naming the limit when it is too large, 400 naming the field
 /// and the problem when it is not the JSON the endpoint takes.
 pub fn parse_body<T: DeserializeOwned>(flavor: Flavor, body: Result<Bytes, BytesRejection>, limit: usize) -> Result<T, ApiError> {
     let bytes = body.map_err(|e| match e.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::new(flavor, 413, format!("the request body exceeds the server's limit of {} bytes ({} MiB)", limit, limit >> 20))
-        }
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(flavor, limit),
         s => ApiError::new(flavor, s.as_u16(), format!("could not read the request body: {}", e.body_text())),
     })?;
     let de = &mut serde_json::Deserializer::from_slice(&bytes);

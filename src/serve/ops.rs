@@ -74,12 +74,41 @@ pub async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next)
         Some(key) if route != "/health" && !authorized(req.headers(), key) => {
             ApiError::new(flavor_of(&route), 401, "missing or wrong API key (send Authorization: Bearer <key>)").into_response()
         }
-        _ => next.run(req).await,
+        _ => match declared_len(&req) {
+            Some(len) if len > state.cfg.limits.max_body_bytes => too_large(req, len, state.cfg.limits.max_body_bytes, flavor_of(&route)).await,
+            _ => next.run(req).await,
+        },
     };
     let status = resp.status().as_u16();
     state.metrics.record_request(&route, status);
     tracing::info!(%method, route, status, ms = started.elapsed().as_secs_f64() * 1e3, "request");
     resp
+}
+
+/// The body length the request declares (`Content-Length`).
+fn declared_len(req: &Request) -> Option<usize> {
+    req.headers().get(axum::http::header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// 413 for a body declared larger than `limit`, after reading and dropping what the client
+/// sends (up to 4× the limit, for 5 s): closing a connection with unread bytes makes the
+/// kernel reset it, and a client still sending then sees the reset instead of the 413.
+async fn too_large(req: Request, len: usize, limit: usize, flavor: Flavor) -> Response {
+    use futures_util::StreamExt;
+    if len <= limit.saturating_mul(4) {
+        let mut body = req.into_body().into_data_stream();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            let mut read = 0usize;
+            while let Some(Ok(chunk)) = body.next().await {
+                read += chunk.len();
+                if read > len {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+    ApiError::too_large(flavor, limit).into_response()
 }
 
 pub async fn health(State(state): State<Arc<AppState>>) -> Json<Value> {
