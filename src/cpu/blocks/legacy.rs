@@ -53,7 +53,7 @@ pub(super) mod avx2 {
     /// the coefficient `c` of the activations' `s`.
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn decode<const F: u8>(w: *const u8) -> (__m256i, f32, f32) {
+    pub unsafe fn decode<const F: u8>(w: *const u8) -> (__m256i, f32, f32) {
         let d = f16_at(w);
         match F {
             f if f == Format::Q8_0 as u8 => (_mm256_loadu_si256(w.add(2) as *const __m256i), d, 0.0),
@@ -120,34 +120,51 @@ pub(super) mod avx2 {
     /// the integer dots themselves).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn tile<const F: u8>(w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]) {
-        let bytes = Format::from_id(F).bytes();
-        let signed = F == Format::Q8_0 as u8;
-        // The min formats take `s` through f16 as ggml's `block_q8_1` holds it.
-        let sx = if F == Format::Q4_1 as u8 || F == Format::Q5_1 as u8 { &a.s8h } else { &a.s8 };
         let (mut acc, mut corr) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let ones = _mm256_set1_epi16(1);
         for b in 0..nb {
-            let blk = w.add(b * bytes);
-            prefetch(blk, bytes);
-            let (u, d, c) = decode::<F>(blk);
-            let au = if signed { _mm256_sign_epi8(u, u) } else { u };
-            let mut p = [_mm256_setzero_si256(); GROUP];
-            for (r, p) in p.iter_mut().enumerate() {
-                let mut x = _mm256_loadu_si256(a.q.as_ptr().add(((g * GROUP + r) * nb + b) * 32) as *const __m256i);
-                if signed {
-                    x = _mm256_sign_epi8(x, u);
-                }
-                let m = _mm256_maddubs_epi16(au, x);
-                *p = if signed { _mm256_madd_epi16(m, ones) } else { m };
-            }
-            let sums = if signed { reduce32(&p) } else { reduce16(&p) };
-            let at = (g * nb + b) * GROUP;
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(a.d8.as_ptr().add(at))), acc);
-            if !signed {
-                corr = _mm256_fmadd_ps(_mm256_set1_ps(c), _mm256_loadu_ps(sx.as_ptr().add(at)), corr);
-            }
+            tile_block::<F>(w, b, nb, a, g, &mut acc, &mut corr);
         }
         _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc, corr));
+    }
+
+    /// Block `b` of `tile`: the eight rows' scaled dots into `acc`, their offset or min terms
+    /// into `corr`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tile_block<const F: u8>(w: *const u8, b: usize, nb: usize, a: &Q8, g: usize, acc: &mut __m256, corr: &mut __m256) {
+        let bytes = Format::from_id(F).bytes();
+        let signed = F == Format::Q8_0 as u8;
+        let ones = _mm256_set1_epi16(1);
+        let blk = w.add(b * bytes);
+        prefetch(blk, bytes);
+        let (u, d, c) = decode::<F>(blk);
+        let au = if signed { _mm256_sign_epi8(u, u) } else { u };
+        let mut p = [_mm256_setzero_si256(); GROUP];
+        for (r, p) in p.iter_mut().enumerate() {
+            let mut x = _mm256_loadu_si256(a.q.as_ptr().add(((g * GROUP + r) * nb + b) * 32) as *const __m256i);
+            if signed {
+                x = _mm256_sign_epi8(x, u);
+            }
+            let m = _mm256_maddubs_epi16(au, x);
+            *p = if signed { _mm256_madd_epi16(m, ones) } else { m };
+        }
+        let sums = if signed { reduce32(&p) } else { reduce16(&p) };
+        let at = (g * nb + b) * GROUP;
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(a.d8.as_ptr().add(at))), *acc);
+        if !signed {
+            *corr = _mm256_fmadd_ps(_mm256_set1_ps(c), _mm256_loadu_ps(s8(F, a).as_ptr().add(at)), *corr);
+        }
+    }
+
+    /// The activations' `s` as format `F` takes it: the min formats through f16, as ggml's
+    /// `block_q8_1` holds it.
+    #[inline]
+    pub fn s8(f: u8, a: &Q8) -> &[f32] {
+        if f == Format::Q4_1 as u8 || f == Format::Q5_1 as u8 {
+            &a.s8h
+        } else {
+            &a.s8
+        }
     }
 
     /// The eight i32 vectors' totals, vector `r`'s in lane `r`.
@@ -201,5 +218,98 @@ pub(super) mod avx2 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+}
+
+/// The prefill tile with AVX-512 VNNI: two blocks per step in 512-bit registers, `vpdpbusd`
+/// for the dots (no `vpmaddubsw` saturation to mind, so Q8_0 needs only its sign moved onto
+/// the activations), the sixteen (row, block) sums reduced with unpacks and one lane shuffle.
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512 {
+    use super::super::act::{Q8, GROUP};
+    use super::super::Format;
+    use super::avx2;
+    use std::arch::x86_64::*;
+
+    /// As `avx2::tile`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn tile<const F: u8>(w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]) {
+        let bytes = Format::from_id(F).bytes();
+        let signed = F == Format::Q8_0 as u8;
+        let (mut acc, mut corr) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut b = 0;
+        while b + 2 <= nb {
+            let (w0, w1) = (w.add(b * bytes), w.add((b + 1) * bytes));
+            avx2::prefetch(w0, 2 * bytes);
+            let (u0, d0, c0) = avx2::decode::<F>(w0);
+            let (u1, d1, c1) = avx2::decode::<F>(w1);
+            let u = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(u0), u1);
+            let (uu, neg) = if signed { (_mm512_abs_epi8(u), _mm512_movepi8_mask(u)) } else { (u, 0) };
+            let mut p = [_mm512_setzero_si512(); GROUP];
+            for (r, p) in p.iter_mut().enumerate() {
+                // Row r's blocks b and b + 1 are adjacent: one 64-byte load.
+                let mut x = _mm512_loadu_si512(a.q.as_ptr().add(((g * GROUP + r) * nb + b) * 32) as *const _);
+                if signed {
+                    x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+                }
+                *p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), uu, x);
+            }
+            // Lanes [b: rows 0-3, b+1: rows 0-3, b: rows 4-7, b+1: rows 4-7].
+            let sums = reduce(&p);
+            let at = (g * nb + b) * GROUP;
+            let dx = order(_mm512_loadu_ps(a.d8.as_ptr().add(at)));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(by_block(d0, d1), dx), acc);
+            if !signed {
+                corr = _mm512_fmadd_ps(by_block(c0, c1), order(_mm512_loadu_ps(avx2::s8(F, a).as_ptr().add(at))), corr);
+            }
+            b += 2;
+        }
+        let t = _mm512_add_ps(acc, corr);
+        let rows = _mm512_add_ps(_mm512_shuffle_f32x4::<0x08>(t, t), _mm512_shuffle_f32x4::<0x0D>(t, t));
+        let mut total = _mm512_castps512_ps256(rows);
+        if b < nb {
+            let (mut a2, mut c2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            avx2::tile_block::<F>(w, b, nb, a, g, &mut a2, &mut c2);
+            total = _mm256_add_ps(total, _mm256_add_ps(a2, c2));
+        }
+        _mm256_storeu_ps(out.as_mut_ptr(), total);
+    }
+
+    /// `v0` in the lanes of block `b`, `v1` in those of block `b + 1` (the `reduce` order).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn by_block(v0: f32, v1: f32) -> __m512 {
+        _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(v0), _mm512_set1_ps(v1))
+    }
+
+    /// Two blocks' eight per-row values `[b: rows 0-7, b+1: rows 0-7]` in the `reduce` order.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn order(v: __m512) -> __m512 {
+        _mm512_shuffle_f32x4::<0xD8>(v, v)
+    }
+
+    /// Each of eight vectors' two 256-bit halves summed: lanes [half 0 of vectors 0-3,
+    /// half 1 of 0-3, half 0 of 4-7, half 1 of 4-7].
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn reduce(p: &[__m512i; GROUP]) -> __m512i {
+        let t0 = quad(pair(p[0], p[1]), pair(p[2], p[3]));
+        let t1 = quad(pair(p[4], p[5]), pair(p[6], p[7]));
+        _mm512_add_epi32(_mm512_shuffle_i32x4::<0x88>(t0, t1), _mm512_shuffle_i32x4::<0xDD>(t0, t1))
+    }
+
+    /// Per 128-bit lane: `[a0+a2, b0+b2, a1+a3, b1+b3]`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pair(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
+    }
+
+    /// Per 128-bit lane, from two `pair`s: the four vectors' sums over the lane.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn quad(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b))
     }
 }

@@ -154,10 +154,11 @@ impl PackedBlocks {
             });
         } else {
             let a = Q8::quantize(x, m, k);
+            let wide = wide();
             super::panels::run(n, m, out, |p, g, mg, res| {
                 // A whole group of activation rows (prefill) takes the eight-row tile.
                 if mg == act::GROUP && g % act::GROUP == 0 {
-                    return self.tiles(p, res, row_bytes, &|w, o| tile_32(self.format, w, k / 32, &a, g / act::GROUP, o));
+                    return self.tiles(p, res, row_bytes, &|w, o| tile_32(self.format, wide, w, k / 32, &a, g / act::GROUP, o));
                 }
                 self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_32(self.format, w, k / 32, &a, r, o, rows))
             });
@@ -231,15 +232,34 @@ fn dispatch_32(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut 
     let _ = (f, w, nb, a, r0, out, rows);
 }
 
-/// A 32-value format's row against activation row group `g` (`act::GROUP` rows).
-fn tile_32(f: Format, w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]) {
+/// Whether the 32-value formats' prefill tile runs at 512 bits (the AVX-512 level, with
+/// VNNI).
+fn wide() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::level() == super::Level::Avx512 && std::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// A 32-value format's row against activation row group `g` (`act::GROUP` rows); `wide`:
+/// the AVX-512 VNNI tile.
+fn tile_32(f: Format, wide: bool, w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         macro_rules! go {
             ($F:ident) => {
-                // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c; the row
-                // holds `nb` blocks and the activations hold group `g` whole.
-                unsafe { legacy::avx2::tile::<{ Format::$F as u8 }>(w, nb, a, g, out) }
+                // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c, and
+                // `wide` the AVX-512 level (avx512f, avx512bw) with avx512vnni; the row holds
+                // `nb` blocks and the activations hold group `g` whole.
+                unsafe {
+                    if wide {
+                        legacy::avx512::tile::<{ Format::$F as u8 }>(w, nb, a, g, out)
+                    } else {
+                        legacy::avx2::tile::<{ Format::$F as u8 }>(w, nb, a, g, out)
+                    }
+                }
             };
         }
         match f {
@@ -251,7 +271,7 @@ fn tile_32(f: Format, w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (f, w, nb, a, g, out);
+    let _ = (f, wide, w, nb, a, g, out);
 }
 
 /// A k-quant row against activation row group `g` (`act::GROUP` rows).
