@@ -158,6 +158,9 @@ pub struct TokenCost {
     pub flops: f64,
     /// … plus attention FLOPs per position of context.
     pub attn_flops_per_position: f64,
+    /// The vocabulary head's share of `flops`: a prefill computes logits for its last token
+    /// only.
+    pub head_flops: f64,
 }
 
 impl TokenCost {
@@ -183,6 +186,8 @@ impl TokenCost {
             flops: 2.0 * linear,
             // Scores and the weighted sum: 2 × 2 FLOPs per head dimension per position.
             attn_flops_per_position: 4.0 * attn * q_heads * spec.head_dim as f64,
+            // Both a tied and an untied head are in `linear` by now.
+            head_flops: 2.0 * (spec.vocab_size * spec.hidden_size) as f64,
         }
     }
 
@@ -191,8 +196,23 @@ impl TokenCost {
         self.weight_bytes + self.kv_bytes_per_position * context
     }
 
-    /// FLOPs of a causal prefill of `tokens` tokens.
+    /// FLOPs of a causal prefill of `tokens` tokens, logits for the last one only (as
+    /// `merg bench`, the engine and llama-bench compute them).
     pub fn prefill_flops(&self, tokens: f64) -> f64 {
-        self.flops * tokens + self.attn_flops_per_position * tokens * tokens / 2.0
+        let head = self.head_flops.min(self.flops);
+        (self.flops - head) * tokens + head + self.attn_flops_per_position * tokens * tokens / 2.0
+    }
+}
+
+#[cfg(test)]
+mod cost_tests {
+    use super::TokenCost;
+
+    /// A prefill computes the head for its last token only; one token costs a decode step.
+    #[test]
+    fn prefill_counts_the_head_once() {
+        let c = TokenCost { weight_bytes: 0.0, kv_bytes_per_position: 0.0, flops: 10.0, attn_flops_per_position: 0.0, head_flops: 4.0 };
+        assert_eq!(c.prefill_flops(1.0), 10.0);
+        assert_eq!(c.prefill_flops(5.0), 6.0 * 5.0 + 4.0);
     }
 }
