@@ -78,7 +78,7 @@ impl PackedBf16 {
 
 #[cfg(target_arch = "x86_64")]
 mod dp {
-    use super::super::panels::{Line, PANEL, PASS_ROWS};
+    use super::super::panels::{Line, PANEL};
     use std::arch::x86_64::*;
 
     /// Lines ahead to prefetch at batch 1 (4 KiB; measured on the layer shapes of a 0.5B
@@ -88,16 +88,7 @@ mod dp {
     /// One panel against `mg` activation rows: `res[r * 16 + lane]`.
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub unsafe fn panel(lines: &[Line], x: &[u32], pairs: usize, mg: usize, res: &mut [f32]) {
-        match mg {
-            1 => rows::<1, 2>(lines, x, pairs, res),
-            2 => rows::<2, 2>(lines, x, pairs, res),
-            3 => rows::<3, 2>(lines, x, pairs, res),
-            4 => rows::<4, 2>(lines, x, pairs, res),
-            5 => rows::<5, 2>(lines, x, pairs, res),
-            6 => rows::<6, 2>(lines, x, pairs, res),
-            7 => rows::<7, 2>(lines, x, pairs, res),
-            _ => rows::<PASS_ROWS, 2>(lines, x, pairs, res),
-        }
+        super::super::panels::panel_rows!(rows, mg, (lines, x, pairs, res))
     }
 
     /// `M` activation rows with `C` accumulator chains each (constants, so the accumulators

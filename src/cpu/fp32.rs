@@ -69,7 +69,7 @@ impl PackedF32 {
 
 #[cfg(target_arch = "x86_64")]
 mod fma {
-    use super::super::panels::{Line, PANEL, PASS_ROWS};
+    use super::super::panels::{Line, PANEL};
     use std::arch::x86_64::*;
 
     /// Lines ahead to prefetch at batch 1 (4 KiB, as `bf16`).
@@ -78,16 +78,7 @@ mod fma {
     /// One panel against `mg` activation rows: `res[r * 16 + lane]`.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn panel(lines: &[Line], x: &[f32], k: usize, mg: usize, res: &mut [f32]) {
-        match mg {
-            1 => rows::<1, 2>(lines, x, k, res),
-            2 => rows::<2, 2>(lines, x, k, res),
-            3 => rows::<3, 2>(lines, x, k, res),
-            4 => rows::<4, 2>(lines, x, k, res),
-            5 => rows::<5, 2>(lines, x, k, res),
-            6 => rows::<6, 2>(lines, x, k, res),
-            7 => rows::<7, 2>(lines, x, k, res),
-            _ => rows::<PASS_ROWS, 2>(lines, x, k, res),
-        }
+        super::super::panels::panel_rows!(rows, mg, (lines, x, k, res))
     }
 
     /// `M` activation rows with `C` accumulator chains each (constants, so the accumulators

@@ -14,6 +14,25 @@ pub const PANEL: usize = 16;
 /// Activation rows one pass over a panel handles.
 pub const PASS_ROWS: usize = 8;
 
+/// `$rows::<M, 2>($args…)` with `M = $mg` (1 to `PASS_ROWS`) as a constant: the panel kernels'
+/// dispatch on the number of activation rows. The two accumulator chains are the same for
+/// every `M`, so a row's sums are added in one order whatever else shares its step.
+macro_rules! panel_rows {
+    ($rows:ident, $mg:expr, ($($arg:expr),*)) => {
+        match $mg {
+            1 => $rows::<1, 2>($($arg),*),
+            2 => $rows::<2, 2>($($arg),*),
+            3 => $rows::<3, 2>($($arg),*),
+            4 => $rows::<4, 2>($($arg),*),
+            5 => $rows::<5, 2>($($arg),*),
+            6 => $rows::<6, 2>($($arg),*),
+            7 => $rows::<7, 2>($($arg),*),
+            _ => $rows::<{ $crate::cpu::panels::PASS_ROWS }, 2>($($arg),*),
+        }
+    };
+}
+pub(crate) use panel_rows;
+
 /// A 64-byte line, aligned as the cache is.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]

@@ -38,35 +38,31 @@ enum Weight {
     PackedBlocks(Arc<PackedBlocks>),
 }
 
-/// `w` repacked for `cpu::bf16` when it is a bf16 matrix on a CPU that runs the kernel.
-fn pack_bf16(w: &Tensor) -> Option<PackedBf16> {
-    if !w.device().is_cpu() || w.dtype() != DType::BF16 || w.rank() != 2 || !crate::cpu::bf16::available() {
+/// `w` repacked by `pack` when it is a 2-D CPU matrix of `T` and `available` (the kernel runs
+/// here), read straight from the tensor's storage: a 7B model has no room for a copy of each
+/// weight.
+fn pack_dense<T: candle_core::WithDType, P>(w: &Tensor, available: bool, pack: impl Fn(&[T], usize, usize) -> P) -> Option<P> {
+    if !w.device().is_cpu() || w.dtype() != T::DTYPE || w.rank() != 2 || !available {
         return None;
     }
     let (n, k) = w.dims2().ok()?;
     if !w.is_contiguous() {
-        return pack_bf16(&w.contiguous().ok()?);
+        return pack_dense(&w.contiguous().ok()?, available, pack);
     }
-    // Straight from the tensor's storage: a 7B model has no room for a copy of each weight.
     let (storage, layout) = w.storage_and_layout();
     let candle_core::Storage::Cpu(cpu) = &*storage else { return None };
-    let data = cpu.as_slice::<half::bf16>().ok()?;
-    Some(PackedBf16::pack(&data[layout.start_offset()..][..n * k], n, k))
+    let data = cpu.as_slice::<T>().ok()?;
+    Some(pack(&data[layout.start_offset()..][..n * k], n, k))
+}
+
+/// `w` repacked for `cpu::bf16` when it is a bf16 matrix on a CPU that runs the kernel.
+fn pack_bf16(w: &Tensor) -> Option<PackedBf16> {
+    pack_dense(w, crate::cpu::bf16::available(), PackedBf16::pack)
 }
 
 /// `w` repacked for `cpu::fp32` when it is an f32 matrix on a CPU that runs the kernel.
 fn pack_f32(w: &Tensor) -> Option<PackedF32> {
-    if !w.device().is_cpu() || w.dtype() != DType::F32 || w.rank() != 2 || !crate::cpu::fp32::available() {
-        return None;
-    }
-    let (n, k) = w.dims2().ok()?;
-    if !w.is_contiguous() {
-        return pack_f32(&w.contiguous().ok()?);
-    }
-    let (storage, layout) = w.storage_and_layout();
-    let candle_core::Storage::Cpu(cpu) = &*storage else { return None };
-    let data = cpu.as_slice::<f32>().ok()?;
-    Some(PackedF32::pack(&data[layout.start_offset()..][..n * k], n, k))
+    pack_dense(w, crate::cpu::fp32::available(), PackedF32::pack)
 }
 
 impl Linear {
