@@ -293,6 +293,23 @@ fn planned_gguf_bytes_match_the_parameters() {
     }
 }
 
+/// A bare file name in the current directory finds the projector beside it, as the same
+/// file's absolute path does (`merg plan` counts the projector's weights).
+#[test]
+fn a_bare_file_name_finds_its_projector() {
+    let paths = gguf("qwen2_5-vl", "q8_0");
+    let plan = |model: &str, cwd: &Path| -> serde_json::Value {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_merg")).args(["plan", "--model", model, "--memory", "1GiB", "--json"]).current_dir(cwd).env("HF_HUB_OFFLINE", "1").output().unwrap();
+        assert!(o.status.success(), "{model}: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let dir = paths.text.parent().unwrap();
+    let absolute = plan(paths.text.to_str().unwrap(), Path::new("/"));
+    let bare = plan(paths.text.file_name().unwrap().to_str().unwrap(), dir);
+    assert!(absolute["vision_weight_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(bare["vision_weight_bytes"], absolute["vision_weight_bytes"]);
+}
+
 fn golden_json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }

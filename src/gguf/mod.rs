@@ -50,6 +50,12 @@ pub fn resolve(model: &str, revision: Option<&str>, mmproj: Option<&Path>) -> Re
     hub::resolve(model, revision, mmproj, &crate::hub::HubOptions::from_env())
 }
 
+/// The directory a file's path names: `.` for a bare file name (whose `parent()` is empty,
+/// so a projector beside `--model wide.gguf` in the current directory went unfound).
+fn dir_of(path: &Path) -> &Path {
+    path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
 /// `resolve` for local files only.
 pub fn resolve_local(model: &str, mmproj: Option<&Path>) -> Result<Option<GgufPaths>> {
     let path = Path::new(model);
@@ -57,7 +63,7 @@ pub fn resolve_local(model: &str, mmproj: Option<&Path>) -> Result<Option<GgufPa
         if is_mmproj(path) {
             bail!("{model} is a vision projector (mmproj) file; give the text model's .gguf as the model and this file as the projector");
         }
-        (path.to_path_buf(), path.parent().map(Path::to_path_buf).unwrap_or_default())
+        (path.to_path_buf(), dir_of(path).to_path_buf())
     } else if path.is_dir() && !path.join("config.json").is_file() {
         let mut ggufs: Vec<PathBuf> = std::fs::read_dir(path)
             .with_context(|| format!("cannot list {model}"))?
@@ -187,7 +193,7 @@ pub fn open(paths: &GgufPaths) -> Result<Opened> {
     if mm.architecture()? != "clip" {
         bail!("{} is a {} model, not a vision projector (mmproj) file", mm.name(), mm.architecture()?);
     }
-    let dir = paths.text.parent().unwrap_or(Path::new("."));
+    let dir = dir_of(&paths.text);
     let beside = dir.join("tokenizer.json");
     let (tokenizer_json, tokenizer_origin) = if beside.is_file() {
         (crate::input::read_string(&beside, &crate::input::TOKENIZER)?, beside.display().to_string())
