@@ -16,6 +16,20 @@ use candle_core::quantized::GgmlDType;
 use super::panels::PANEL;
 use act::{Q8, Q8K};
 
+/// `$f::<F>($args…)` for the 32-value format `$fmt` names.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_format {
+    ($($f:ident)::+, $fmt:expr, ($($arg:expr),*)) => {
+        match $fmt {
+            Format::Q8_0 => $($f)::+::<{ Format::Q8_0 as u8 }>($($arg),*),
+            Format::Q4_0 => $($f)::+::<{ Format::Q4_0 as u8 }>($($arg),*),
+            Format::Q4_1 => $($f)::+::<{ Format::Q4_1 as u8 }>($($arg),*),
+            Format::Q5_0 => $($f)::+::<{ Format::Q5_0 as u8 }>($($arg),*),
+            _ => $($f)::+::<{ Format::Q5_1 as u8 }>($($arg),*),
+        }
+    };
+}
+
 /// A block format these kernels run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -248,26 +262,15 @@ fn wide() -> bool {
 fn tile_32(f: Format, wide: bool, w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        macro_rules! go {
-            ($F:ident) => {
-                // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c, and
-                // `wide` the AVX-512 level (avx512f, avx512bw) with avx512vnni; the row holds
-                // `nb` blocks and the activations hold group `g` whole.
-                unsafe {
-                    if wide {
-                        legacy::avx512::tile::<{ Format::$F as u8 }>(w, nb, a, g, out)
-                    } else {
-                        legacy::avx2::tile::<{ Format::$F as u8 }>(w, nb, a, g, out)
-                    }
-                }
-            };
-        }
-        match f {
-            Format::Q8_0 => go!(Q8_0),
-            Format::Q4_0 => go!(Q4_0),
-            Format::Q4_1 => go!(Q4_1),
-            Format::Q5_0 => go!(Q5_0),
-            _ => go!(Q5_1),
+        // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c, and `wide`
+        // the AVX-512 level (avx512f, avx512bw) with avx512vnni; the row holds `nb` blocks and
+        // the activations hold group `g` whole.
+        unsafe {
+            if wide {
+                by_format!(legacy::avx512::tile, f, (w, nb, a, g, out))
+            } else {
+                by_format!(legacy::avx2::tile, f, (w, nb, a, g, out))
+            }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -323,7 +326,7 @@ mod tests {
             // assertion); Q4_0, Q8_0 and the k-quants keep the odd counts (the kernels' tail).
             let even = matches!(f, Format::Q4_1 | Format::Q5_0 | Format::Q5_1);
             let k = |blocks: usize| blocks * f.values() * if even { 2 } else { 1 };
-            let shapes = [(1, k(1), 37), (1, k(4), 130), (2, k(2), 16), (3, k(1), 20), (5, k(3), 9), (8, k(2), 17), (13, k(3), 18), (40, k(2), 33)];
+            let shapes = [(1, k(1), 37), (1, k(3), 21), (1, k(4), 130), (2, k(2), 16), (3, k(1), 20), (5, k(3), 9), (8, k(2), 17), (13, k(3), 18), (40, k(2), 33)];
             packed_matches_candle(dtype, &shapes, |b, n, k| PackedBlocks::pack(f, b, n, k), PackedBlocks::bytes, |n, k| n * k / f.values() * f.bytes(), PackedBlocks::matmul)?;
         }
         Ok(())
