@@ -92,10 +92,8 @@ mod dp {
     }
 
     /// `M` activation rows with `C` accumulator chains each (constants, so the accumulators
-    /// stay in registers). `C` is the same for every `M`: a row's sums are then added in
-    /// the same order whatever else shares its step, so a token's logits do not depend on
-    /// the batch (greedy outputs with the prefix cache on and off stay equal; measured on a
-    /// Zen 5, 2 chains decode as fast as 4); `C` chains hide `vdpbf16ps`'s latency when `M` is small).
+    /// stay in registers; `C` chains hide `vdpbf16ps`'s latency when `M` is small, and
+    /// `panels::panel_rows` keeps `C` the same for every `M`: batch-invariant sums).
     #[target_feature(enable = "avx512f,avx512bf16")]
     unsafe fn rows<const M: usize, const C: usize>(lines: &[Line], x: &[u32], pairs: usize, res: &mut [f32]) {
         let bh = |v: __m512i| std::mem::transmute::<__m512i, __m512bh>(v);

@@ -82,9 +82,8 @@ mod fma {
     }
 
     /// `M` activation rows with `C` accumulator chains each (constants, so the accumulators
-    /// stay in registers). `C` is the same for every `M`: a row's sums are then added in
-    /// the same order whatever else shares its step, so a token's logits do not depend on
-    /// the batch (greedy outputs with the prefix cache on and off stay equal); `C` chains hide the FMA's latency when `M` is small).
+    /// stay in registers; `C` chains hide the FMA's latency when `M` is small, and
+    /// `panels::panel_rows` keeps `C` the same for every `M`: batch-invariant sums).
     #[target_feature(enable = "avx512f")]
     unsafe fn rows<const M: usize, const C: usize>(lines: &[Line], x: &[f32], k: usize, res: &mut [f32]) {
         let l = lines.as_ptr() as *const f32;

@@ -1,7 +1,8 @@
 //! The one linear layer of every model: weight `[out, in]` as candle's `QMatMul`, which holds
-//! either a dense tensor or a quantized one (GGUF block formats); on the CPU, bf16 weights
-//! (AVX-512 BF16) and block-quantized weights (AVX-512 VNNI panels for Q8_0/Q4_K, AVX2 blocks
-//! for every other format `cpu::quant` names) are instead handed once to the packed kernels;
+//! either a dense tensor or a quantized one (GGUF block formats); on the CPU, f32 weights
+//! (AVX-512; not a tied head's shared table), bf16 weights (AVX-512 BF16) and block-quantized
+//! weights (AVX-512 VNNI panels for Q8_0/Q4_K, AVX2 blocks for every other format `cpu::quant`
+//! names) are instead handed once to the packed kernels;
 //! plus an optional bias. Model code never knows which: a weight source that yields quantized
 //! tensors changes no model.
 

@@ -22,8 +22,9 @@ pub struct Q8 {
     pub s8h: Vec<f32>,
 }
 
-/// Activation rows the tile kernel takes at once (one 8-lane vector of results).
-pub const GROUP: usize = 8;
+/// Activation rows the tile kernel takes at once (one 8-lane vector of results): a whole pass
+/// of `panels::run`, which hands the kernels passes of this many rows.
+pub const GROUP: usize = crate::cpu::panels::PASS_ROWS;
 
 /// Rows quantized per 256 values: `q` int8, `d` the scale, `bsums` each 16 values' Σq; `d8`
 /// the scales of each whole group of `GROUP` rows as `Q8::d8` lays them out.
@@ -76,7 +77,6 @@ fn by_group(m: usize, nb: usize, f: impl Fn(usize) -> f32) -> Vec<f32> {
     }
     out
 }
-
 
 impl Q8K {
     /// `x` is `[m, k]` with `k` a multiple of 256.

@@ -16,18 +16,21 @@ use candle_core::quantized::GgmlDType;
 use super::panels::PANEL;
 use act::{Q8, Q8K};
 
-/// `$f::<F>($args…)` for the 32-value format `$fmt` names.
+/// `$f::<F>($args…)` for the format `$fmt` names, for each listed format (the last one also
+/// takes any other).
 #[cfg(target_arch = "x86_64")]
 macro_rules! by_format {
-    ($($f:ident)::+, $fmt:expr, ($($arg:expr),*)) => {
-        match $fmt {
-            Format::Q8_0 => $($f)::+::<{ Format::Q8_0 as u8 }>($($arg),*),
-            Format::Q4_0 => $($f)::+::<{ Format::Q4_0 as u8 }>($($arg),*),
-            Format::Q4_1 => $($f)::+::<{ Format::Q4_1 as u8 }>($($arg),*),
-            Format::Q5_0 => $($f)::+::<{ Format::Q5_0 as u8 }>($($arg),*),
-            _ => $($f)::+::<{ Format::Q5_1 as u8 }>($($arg),*),
+    ($($f:ident)::+, $fmt:expr, ($($arg:expr),*), [$($listed:ident),*], $last:ident) => {{
+        macro_rules! go {
+            ($F:ident) => {
+                $($f)::+::<{ Format::$F as u8 }>($($arg),*)
+            };
         }
-    };
+        match $fmt {
+            $(Format::$listed => go!($listed),)*
+            _ => go!($last),
+        }
+    }};
 }
 
 /// A block format these kernels run.
@@ -267,9 +270,9 @@ fn tile_32(f: Format, wide: bool, w: *const u8, nb: usize, a: &Q8, g: usize, out
         // the activations hold group `g` whole.
         unsafe {
             if wide {
-                by_format!(legacy::avx512::tile, f, (w, nb, a, g, out))
+                by_format!(legacy::avx512::tile, f, (w, nb, a, g, out), [Q8_0, Q4_0, Q4_1, Q5_0], Q5_1)
             } else {
-                by_format!(legacy::avx2::tile, f, (w, nb, a, g, out))
+                by_format!(legacy::avx2::tile, f, (w, nb, a, g, out), [Q8_0, Q4_0, Q4_1, Q5_0], Q5_1)
             }
         }
     }
@@ -280,18 +283,9 @@ fn tile_32(f: Format, wide: bool, w: *const u8, nb: usize, a: &Q8, g: usize, out
 /// A k-quant row against activation row group `g` (`act::GROUP` rows).
 fn tile_k(f: Format, w: *const u8, nb: usize, a: &Q8K, g: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        macro_rules! go {
-            ($F:ident) => {
-                // SAFETY: as `tile_32`.
-                unsafe { kquants::avx2::tile::<{ Format::$F as u8 }>(w, nb, a, g, out) }
-            };
-        }
-        match f {
-            Format::Q4K => go!(Q4K),
-            Format::Q5K => go!(Q5K),
-            _ => go!(Q6K),
-        }
+    // SAFETY: as `tile_32`.
+    unsafe {
+        by_format!(kquants::avx2::tile, f, (w, nb, a, g, out), [Q4K, Q5K], Q6K)
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (f, w, nb, a, g, out);
