@@ -57,6 +57,7 @@ pub mod hub;
 pub mod input;
 pub mod layers;
 pub mod metrics;
+pub mod memory;
 pub mod models;
 pub mod pipeline;
 pub mod plan;

@@ -461,7 +461,7 @@ fn json_types(rec: &serde_json::Value) -> std::collections::BTreeMap<String, (u6
 /// `merg bench` on llama.cpp's files says what they are — the format by name and llama.cpp's
 /// label, the tensors by type — and reads per decode token what the file stores: every
 /// tensor in its own type (an f32 run keeps f32 tensors at 4 bytes), the tied head as the
-/// embedding table is stored, and one f32 embedding row. Block tensors without a packed
+/// embedding table is stored, and one embedding row as stored (the lookup reads the file). Block tensors without a packed
 /// kernel at this machine's level are named.
 #[test]
 fn bench_tells_the_gguf_format_and_its_bytes() {
@@ -476,10 +476,12 @@ fn bench_tells_the_gguf_format_and_its_bytes() {
         assert_eq!(rec["quantized_linear_weights"].as_u64(), Some(blocks.len() as u64), "{file}");
         assert_eq!(rec["quantized_bytes"].as_u64(), Some(blocks.iter().map(|(_, t)| t.len as u64).sum::<u64>()), "{file}");
         assert!(text.info("output.weight").is_none(), "the fixture ties its head to the embedding");
-        let hidden = text.info("token_embd.weight").unwrap().dims[1] as u64;
+        // The lookup reads one row of the table where the file keeps it, in its stored type.
+        let embd = text.info("token_embd.weight").unwrap();
+        let row = (embd.len / embd.dims[0]) as u64;
         let stored: u64 = text.header.tensors.values().map(|t| t.len as u64).sum();
-        assert_eq!(rec["decode_weight_bytes_per_token"].as_f64(), Some((stored + hidden * 4) as f64), "{file}");
-        assert!(rec["decode_bytes_per_token"].as_f64().unwrap() > (stored + hidden * 4) as f64, "{file}: the K/V cache read comes on top");
+        assert_eq!(rec["decode_weight_bytes_per_token"].as_f64(), Some((stored + row) as f64), "{file}");
+        assert!(rec["decode_bytes_per_token"].as_f64().unwrap() > (stored + row) as f64, "{file}: the K/V cache read comes on top");
         let mut named: Vec<(String, String)> =
             rec["candle_kernel_tensors"].as_array().unwrap().iter().map(|t| (t["tensor"].as_str().unwrap().into(), t["type"].as_str().unwrap().into())).collect();
         let mut want: Vec<(String, String)> = blocks

@@ -261,6 +261,8 @@ fn print_facts(name: &str, facts: &serde_json::Value) {
 
 /// Prefill then decode at batch 1 with one weight format.
 fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: Option<Quant>) -> Result<serde_json::Value> {
+    // From before the files are opened: loading is where a weight could be held twice.
+    let memory = merg::memory::PeakSampler::start(std::time::Duration::from_millis(10));
     let Loaded { config, weights, dtype, gguf } = open_weights(a, dtype_override, quant)?;
     // Last, over any quantizing source: the ledger sees what the layers get.
     let (weights, ledger) = weights.recorded();
@@ -268,8 +270,7 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     let t_load = Instant::now();
     let model = registry::load(&config, weights)?;
     let load_s = t_load.elapsed().as_secs_f64();
-    // Before any forward: quantized kernels repack their weights on first use.
-    let peak_rss_load = peak_rss();
+    let (after_load, peak_load) = (merg::memory::resident(), memory.peak());
     let spec = model.spec().clone();
     if a.prompt_tokens == 0 || a.prompt_tokens + a.decode_tokens >= spec.max_context {
         anyhow::bail!("--prompt-tokens must be ≥ 1 and prompt + decode must fit the context ({})", spec.max_context);
@@ -324,8 +325,7 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
         "decode_bytes_per_token": cost.decode_bytes(mid_context),
         "decode_tokens_per_s": a.decode_tokens as f64 / decode_s,
         "load_s": load_s,
-        "peak_rss_after_load_bytes": peak_rss_load,
-        "peak_rss_bytes": peak_rss(),
+        "memory": memory_facts(after_load, peak_load, memory.peak()),
         "batched": batched,
     });
     merge(&mut rec, facts);
@@ -361,10 +361,23 @@ fn batched_runs(a: &BenchArgs, model: std::sync::Arc<dyn merg::models::Model>, c
 }
 
 /// The process's peak resident memory so far (Linux VmHWM), for load-memory figures.
-fn peak_rss() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: u64 = s.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+/// Resident memory after loading and at its peaks (during the load; over the whole run), each
+/// split into anonymous and file-backed bytes; printed as one line (to stderr, with the weights
+/// line: stdout stays the speeds and the JSON).
+fn memory_facts(after_load: Option<merg::memory::Resident>, peak_load: merg::memory::Peak, peak: merg::memory::Peak) -> serde_json::Value {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    if let Some(r) = after_load {
+        eprintln!(
+            "memory: peak {:.0} MiB ({:.0} anonymous + {:.0} file-backed at their peaks), {:.0} MiB after loading ({:.0} + {:.0})",
+            mib(peak.total_bytes),
+            mib(peak.anon_bytes),
+            mib(peak.file_bytes),
+            mib(r.total()),
+            mib(r.anon_bytes),
+            mib(r.file_bytes)
+        );
+    }
+    serde_json::json!({ "after_load": after_load, "peak_during_load": peak_load, "peak": peak })
 }
 
 fn default_tokenizer() -> Option<PathBuf> {
@@ -409,3 +422,4 @@ pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }
+

@@ -8,6 +8,8 @@
 //! heap), so once written the range is also collapsed onto huge pages (`MADV_COLLAPSE`, Linux
 //! 6.1+). Where neither works the memory stays ordinary and only the speed differs.
 
+use std::cell::Cell;
+
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Tensors smaller than this stay where they are (a huge page is 2 MiB).
@@ -50,9 +52,69 @@ fn on_huge_pages<T>(len: usize, fill: impl FnOnce(&mut Vec<T>)) -> Vec<T> {
     v
 }
 
-/// A copy of `src` on huge pages.
+/// A copy of `src` on huge pages (in bands, telling `copied` how far it got).
 pub fn huge_copy<T: Copy>(src: &[T]) -> Vec<T> {
-    on_huge_pages(src.len(), |v| v.extend_from_slice(src))
+    let band = (BAND_BYTES / std::mem::size_of::<T>().max(1)).max(1);
+    on_huge_pages(src.len(), |v| {
+        for chunk in src.chunks(band) {
+            v.extend_from_slice(chunk);
+            copied(v.len(), src.len());
+        }
+    })
+}
+
+/// How much a packer copies between two `copied` calls.
+pub const BAND_BYTES: usize = 32 << 20;
+
+thread_local! {
+    /// The mapped bytes a `releasing` copy reads from: (address, length, bytes released).
+    static SOURCE: Cell<(usize, usize, usize)> = const { Cell::new((0, 0, 0)) };
+}
+
+/// Runs `copy`, which copies `src` (a tensor in a read-only file mapping) into its packed home,
+/// letting the copy loops (`huge_copy`, `panels::Panels::new`) release `src`'s pages behind
+/// them, and releases the rest after. So even the largest tensor (a 248k-row embedding table)
+/// is never resident both in the file and in its copy.
+pub fn releasing<R>(src: &[u8], copy: impl FnOnce() -> R) -> R {
+    let prev = SOURCE.replace((src.as_ptr() as usize, src.len(), 0));
+    let r = copy();
+    SOURCE.set(prev);
+    release(src);
+    r
+}
+
+/// Called by copy loops on this thread: the first `done` of `total` equal parts (rows,
+/// elements) of the `releasing` source are copied, so its pages up to there may go.
+pub fn copied(done: usize, total: usize) {
+    let (at, len, gone) = SOURCE.get();
+    if len == 0 || total == 0 {
+        return;
+    }
+    let upto = (len as u128 * done.min(total) as u128 / total as u128) as usize;
+    if upto > gone {
+        // SAFETY: `at..at + len` is the slice `releasing` was given, alive while it runs.
+        release(unsafe { std::slice::from_raw_parts((at + gone) as *const u8, upto - gone) });
+        SOURCE.set((at, len, upto));
+    }
+}
+
+/// `madvise(MADV_DONTNEED)` over the whole 4 KiB pages inside `bytes`, which must lie in a
+/// read-only file mapping: its pages leave this process's resident set (the page cache keeps
+/// them, and a later read faults them back in unchanged).
+pub fn release(bytes: &[u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let start = (bytes.as_ptr() as usize).div_ceil(PAGE) * PAGE;
+        let end = (bytes.as_ptr() as usize + bytes.len()) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: whole pages of a private read-only file mapping this process owns and
+            // never writes; DONTNEED only unmaps them, their contents stay the file's.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = bytes;
 }
 
 /// `len` copies of `fill`, on huge pages.

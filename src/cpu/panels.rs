@@ -51,7 +51,13 @@ impl Panels {
     /// `pack(p, lines)` fills panel `p`'s lines (pre-filled with `fill`), panels in parallel.
     pub fn new(n: usize, k: usize, per_panel: usize, fill: Line, pack: impl Fn(usize, &mut [Line]) + Sync) -> Panels {
         let mut lines = super::pages::huge_vec(n.div_ceil(PANEL) * per_panel, fill);
-        lines.par_chunks_mut(per_panel.max(1)).enumerate().for_each(|(p, l)| pack(p, l));
+        // In bands, so a mapped source can be released behind the copy (`pages::releasing`).
+        let pp = per_panel.max(1);
+        let band = (super::pages::BAND_BYTES / (pp * 64)).max(1);
+        for (b, chunk) in lines.chunks_mut(band * pp).enumerate() {
+            chunk.par_chunks_mut(pp).enumerate().for_each(|(p, l)| pack(b * band + p, l));
+            super::pages::copied(((b + 1) * band * PANEL).min(n), n);
+        }
         Panels { n, k, per_panel, lines }
     }
 
@@ -62,7 +68,11 @@ impl Panels {
         if parts.iter().any(|p| p.k != first.k || p.per_panel != first.per_panel || p.n % PANEL != 0) {
             return None;
         }
-        let lines = super::pages::huge_copy(&parts.iter().flat_map(|p| p.lines.iter().copied()).collect::<Vec<_>>());
+        let mut lines = Vec::with_capacity(parts.iter().map(|p| p.lines.len()).sum());
+        for p in parts {
+            lines.extend_from_slice(&p.lines);
+        }
+        let lines = super::pages::huge_copy(&lines);
         Some(Panels { n: parts.iter().map(|p| p.n).sum(), k: first.k, per_panel: first.per_panel, lines })
     }
 

@@ -8,8 +8,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+
+use crate::weights::Mapped;
 use candle_core::quantized::gguf_file::Value;
-use candle_core::quantized::{ggml_file, GgmlDType, QTensor};
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Device;
 
 const MAGIC: u32 = 0x4655_4747; // "GGUF", little-endian
@@ -282,7 +284,7 @@ fn tensor_info(name: &str, ne: &[u64], ty: u32, offset: u64, data_start: u64, al
 pub struct GgufFile {
     pub path: PathBuf,
     pub header: Header,
-    map: memmap2::Mmap,
+    map: std::sync::Arc<memmap2::Mmap>,
 }
 
 impl GgufFile {
@@ -292,7 +294,7 @@ impl GgufFile {
         // SAFETY: a read-only map of a file we never write; the same as the safetensors maps.
         let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
         let header = Header::parse(&map).with_context(|| format!("{} is not a usable GGUF file", path.display()))?;
-        Ok(GgufFile { path: path.to_path_buf(), header, map })
+        Ok(GgufFile { path: path.to_path_buf(), header, map: std::sync::Arc::new(map) })
     }
 
     pub fn name(&self) -> String {
@@ -303,10 +305,32 @@ impl GgufFile {
         self.header.tensors.get(tensor)
     }
 
-    /// A tensor as candle's quantized tensor (float types included), copied out of the map.
+    /// A tensor where it lies in the mapping.
+    pub fn mapped(&self, tensor: &str) -> Option<Mapped> {
+        let info = self.info(tensor)?;
+        Some(Mapped::new(self.map.clone(), info.start, info.len, info.dtype, info.dims.clone()))
+    }
+
+    fn need(&self, tensor: &str) -> candle_core::Result<Mapped> {
+        self.mapped(tensor).ok_or_else(|| candle_core::Error::Msg(format!("{}: no tensor {tensor}", self.name())))
+    }
+
+    /// A tensor as candle's quantized tensor (float types included), copied out of the map;
+    /// the map's pages of it are released (the copy is what gets read from now on).
     pub fn qtensor(&self, tensor: &str, dev: &Device) -> candle_core::Result<QTensor> {
-        let Some(info) = self.info(tensor) else { candle_core::bail!("{}: no tensor {tensor}", self.name()) };
-        ggml_file::qtensor_from_ggml(info.dtype, &self.map[info.start..info.start + info.len], info.dims.clone(), dev)
+        let m = self.need(tensor)?;
+        let q = m.qtensor(dev)?;
+        m.release();
+        Ok(q)
+    }
+
+    /// A tensor as a dense host tensor in its stored float type (blocks: dequantized to f32),
+    /// with one copy out of the map, whose pages are then released.
+    pub fn dense(&self, tensor: &str) -> candle_core::Result<candle_core::Tensor> {
+        let m = self.need(tensor)?;
+        let t = m.tensor()?;
+        m.release();
+        Ok(t)
     }
 
     pub fn meta(&self, key: &str) -> Option<&Value> {

@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor, D};
 
 use super::file::GgufFile;
 use super::names::{self, Arch, Heads, Layout, Located, Part, Untile, Value};
-use crate::weights::{Expect, WeightSource};
+use crate::weights::{Expect, Mapped, WeightSource};
 
 pub struct GgufWeights {
     text: GgufFile,
@@ -65,13 +65,15 @@ impl GgufWeights {
     }
 
     fn dense(&self, file: &GgufFile, tensor: &str) -> candle_core::Result<Tensor> {
-        file.qtensor(tensor, &Device::Cpu)?.dequantize(&Device::Cpu)
+        file.dense(tensor)?.to_dtype(DType::F32)
     }
 
-    /// The transformers tensor, in f32 on the host.
+    /// The transformers tensor on the host: a stored float tensor taken as it is keeps its
+    /// type (one copy, no widening on the way to a bf16 model); anything else in f32.
     fn load(&self, loc: &Located, parts: &[String]) -> candle_core::Result<Tensor> {
         let file = self.file(loc.part).expect("found");
         let t = match &loc.layout {
+            Layout::Same(_) if parts.len() == 1 && loc.value.is_none() => file.dense(&parts[0])?,
             Layout::Same(_) if parts.len() == 1 => self.dense(file, &parts[0])?,
             Layout::Rows(_) | Layout::Same(_) => Tensor::cat(&parts.iter().map(|p| self.dense(file, p)).collect::<candle_core::Result<Vec<_>>>()?, 0)?,
             Layout::Temporal(..) => Tensor::stack(&[self.dense(file, &parts[0])?, self.dense(file, &parts[1])?], 2)?,
@@ -151,6 +153,15 @@ impl WeightSource for GgufWeights {
             }
         }
         t.to_dtype(dtype)?.to_device(dev)
+    }
+
+    fn mapped(&self, name: &str) -> Option<Mapped> {
+        let (loc, parts) = self.find(name)?;
+        let plain = matches!(loc.layout, Layout::Same(_)) && parts.len() == 1 && loc.untile.is_none() && loc.value.is_none() && !loc.unsqueeze1;
+        if !plain {
+            return None;
+        }
+        self.file(loc.part)?.mapped(&parts[0])
     }
 
     fn quantized(&self, name: &str, _expect: Option<Expect>, dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {

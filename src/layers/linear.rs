@@ -16,7 +16,7 @@ use crate::cpu::blocks::{Format, PackedBlocks};
 use crate::cpu::quant::Kernel;
 use crate::cpu::q4_k::PackedQ4K;
 use crate::cpu::q8_0::PackedQ8;
-use crate::weights::Weights;
+use crate::weights::{Mapped, Weights};
 
 #[derive(Clone, Debug)]
 pub struct Linear {
@@ -54,6 +54,15 @@ fn pack_dense<T: candle_core::WithDType, P>(w: &Tensor, available: bool, pack: i
     let candle_core::Storage::Cpu(cpu) = &*storage else { return None };
     let data = cpu.as_slice::<T>().ok()?;
     Some(pack(&data[layout.start_offset()..][..n * k], n, k))
+}
+
+/// Blocks `[n, k]` of type `dtype` in the packed layout of the kernel that runs them here.
+fn pack_blocks(dtype: GgmlDType, blocks: &[u8], n: usize, k: usize) -> Option<Weight> {
+    match crate::cpu::quant::kernel(dtype)? {
+        Kernel::Vnni if dtype == GgmlDType::Q8_0 => PackedQ8::pack(blocks, n, k).map(|p| Weight::PackedQ8(Arc::new(p))),
+        Kernel::Vnni => PackedQ4K::pack(blocks, n, k).map(|p| Weight::PackedQ4K(Arc::new(p))),
+        Kernel::Blocks => PackedBlocks::pack(Format::of(dtype)?, blocks, n, k).map(|p| Weight::PackedBlocks(Arc::new(p))),
+    }
 }
 
 /// `w` repacked for `cpu::bf16` when it is a bf16 matrix on a CPU that runs the kernel.
@@ -101,18 +110,30 @@ impl Linear {
     pub fn quantized(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {
         let dims = weight.shape().dims().to_vec();
         if weight.device().is_cpu() && dims.len() == 2 {
-            let (n, k, dtype) = (dims[0], dims[1], weight.dtype());
-            let packed = match crate::cpu::quant::kernel(dtype) {
-                Some(Kernel::Vnni) if dtype == GgmlDType::Q8_0 => PackedQ8::pack(&weight.data()?, n, k).map(|p| Weight::PackedQ8(Arc::new(p))),
-                Some(Kernel::Vnni) => PackedQ4K::pack(&weight.data()?, n, k).map(|p| Weight::PackedQ4K(Arc::new(p))),
-                Some(Kernel::Blocks) => Format::of(dtype).and_then(|f| PackedBlocks::pack(f, &weight.data().ok()?, n, k)).map(|p| Weight::PackedBlocks(Arc::new(p))),
-                None => None,
-            };
-            if let Some(weight) = packed {
+            if let Some(weight) = pack_blocks(weight.dtype(), &weight.data()?, dims[0], dims[1]) {
                 return Ok(Linear { weight, bias });
             }
         }
         Ok(Linear { weight: Weight::Candle(QMatMul::from_arc(weight)?), bias })
+    }
+
+    /// A layer whose weight the CPU kernels repack straight from the mapped file (then the
+    /// mapping's pages of it are released): blocks when a packed kernel runs their type, f32 or
+    /// bf16 when that is the compute `dtype` and its kernel runs here. `None`: no such kernel
+    /// (another device, another level); the caller loads a copy instead.
+    pub fn from_mapped(m: &Mapped, dtype: DType, dev: &candle_core::Device, bias: Option<Tensor>) -> Option<Self> {
+        let [n, k] = m.dims[..] else { return None };
+        if !dev.is_cpu() {
+            return None;
+        }
+        let pack = || match m.dtype {
+            GgmlDType::F32 if dtype == DType::F32 && crate::cpu::fp32::available() => Some(Weight::PackedF32(Arc::new(PackedF32::pack(m.values()?, n, k)))),
+            GgmlDType::BF16 if dtype == DType::BF16 && crate::cpu::bf16::available() => Some(Weight::PackedBf16(Arc::new(PackedBf16::pack(m.values()?, n, k)))),
+            _ if m.is_float() => None,
+            t => pack_blocks(t, m.bytes(), n, k),
+        };
+        let weight = crate::cpu::pages::releasing(m.bytes(), pack)?;
+        Some(Linear { weight, bias })
     }
 
     /// The dense weight, when it is one (tied embeddings, tests).
@@ -383,6 +404,11 @@ pub fn linear(in_dim: usize, out_dim: usize, bias: bool, w: Weights) -> Result<L
         false => None,
     };
     let want = candle_core::Shape::from((out_dim, in_dim));
+    if let Some(m) = w.mapped("weight", &want)? {
+        if let Some(l) = Linear::from_mapped(&m, w.dtype(), w.device(), b.clone()) {
+            return Ok(l);
+        }
+    }
     match w.quantized("weight", &want) {
         Some(q) => {
             let q = q?;

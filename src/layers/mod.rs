@@ -1,6 +1,7 @@
 //! Building blocks shared by every model family (decoders, vision towers, the metrics'
 //! encoders), so a family difference is a choice of block, never a copied model:
 //! - `linear`: one linear type for dense and quantized weights;
+//! - `embedding`: token lookups, from a dense table or the mapped file's own rows;
 //! - `norm`, `mlp`: RMSNorm / LayerNorm, gated and plain feed-forwards;
 //! - `rotary`: 1-D RoPE, sectioned and interleaved M-RoPE, partial rotary;
 //! - `attention`: causal grouped-query attention over cached K/V (optional q/k norm), dense
@@ -13,6 +14,7 @@
 pub mod attention;
 pub mod delta_net;
 pub mod delta_rule;
+pub mod embedding;
 pub mod linear;
 pub mod mlp;
 pub mod moe;
@@ -24,6 +26,7 @@ use candle_core::{Result, Tensor, D};
 use serde::{Deserialize, Serialize};
 
 pub use attention::{causal_gqa, causal_mask, dense_attention, softmax_f32};
+pub use embedding::Embedding;
 pub use linear::{linear, Fused, Linear};
 pub use mlp::Mlp;
 pub use norm::{GatedRmsNorm, Norm};

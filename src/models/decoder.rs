@@ -9,14 +9,13 @@
 //! sequences into one step and lets the `StepCache` keep them apart.
 
 use candle_core::{DType, Device, Module, Result, Tensor};
-use candle_nn::Embedding;
 
 use super::cache::StepCache;
 use super::{Deepstack, LayerKind, Positions};
 use crate::layers::attention::{AttentionShape, SelfAttention};
 use crate::layers::delta_net::{DeltaNetShape, GatedDeltaNet};
 use crate::layers::moe::{MoeShape, SparseMoe};
-use crate::layers::{Act, Linear, Mlp, Norm, Rotary, RotaryLayout};
+use crate::layers::{Act, Embedding, Linear, Mlp, Norm, Rotary, RotaryLayout};
 use crate::weights::Weights;
 
 #[derive(Clone, Debug)]
@@ -151,10 +150,10 @@ impl Decoder {
     /// beside it in `root` unless embeddings are tied.
     pub fn new(cfg: &DecoderConfig, w: Weights, root: Weights) -> Result<Self> {
         let h = cfg.hidden();
-        let mut embed = candle_nn::embedding(cfg.vocab_size, h, w.pp("embed_tokens").vb().clone())?;
+        let mut embed = Embedding::new(cfg.vocab_size, h, &w.pp("embed_tokens"))?;
         if cfg.tie_word_embeddings {
             // The tied head streams the table every token: huge pages, as for other linears.
-            embed = Embedding::new(crate::cpu::pages::rehome(embed.embeddings().clone())?, h);
+            embed = embed.rehomed()?;
         }
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
@@ -175,15 +174,16 @@ impl Decoder {
             });
         }
         let norm = cfg.norm(h, w.pp("norm"))?;
-        let lm_head = if cfg.tie_word_embeddings {
+        let lm_head = match embed.dense() {
             // A quantizing source gives the tied head its own quantized copy while the lookup
             // stays dense: the head is read whole every token, the lookup one row.
-            match w.pp("embed_tokens").quantized("weight", &candle_core::Shape::from((cfg.vocab_size, h))) {
+            Some(table) if cfg.tie_word_embeddings => match w.pp("embed_tokens").quantized("weight", &candle_core::Shape::from((cfg.vocab_size, h))) {
                 Some(q) => Linear::quantized(q?, None)?,
-                None => Linear::shared(embed.embeddings().clone(), None),
-            }
-        } else {
-            crate::layers::linear(h, cfg.vocab_size, false, root.pp("lm_head"))?
+                None => Linear::shared(table.clone(), None),
+            },
+            // Lookups read the mapped file; the head gets the table's one copy (packed).
+            None if cfg.tie_word_embeddings => crate::layers::linear(h, cfg.vocab_size, false, w.pp("embed_tokens"))?,
+            _ => crate::layers::linear(h, cfg.vocab_size, false, root.pp("lm_head"))?,
         };
         let rope = Rotary::new(cfg.rotary_dim, cfg.rope_theta, &cfg.rope);
         Ok(Decoder { embed, layers, norm, lm_head, rope, cfg: cfg.clone() })
@@ -194,17 +194,16 @@ impl Decoder {
     }
 
     pub fn dtype(&self) -> DType {
-        self.embed.embeddings().dtype()
+        self.embed.dtype()
     }
 
     pub fn device(&self) -> &Device {
-        self.embed.embeddings().device()
+        self.embed.device()
     }
 
     /// Token embeddings `[T, hidden]`.
     pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
-        let ids = Tensor::new(ids, self.device())?;
-        self.embed.forward(&ids)
+        self.embed.lookup(ids)
     }
 
     /// Runs the decoder over `T` new tokens; returns final-normed hidden states `[T, hidden]`.
@@ -250,3 +249,4 @@ impl Decoder {
         self.lm_head.forward(hidden)?.to_dtype(DType::F32)
     }
 }
+

@@ -44,6 +44,8 @@ pub fn model_type(config: &Value) -> Result<&str> {
 
 /// Loads the model a config.json describes from `weights`.
 pub fn load(config: &Value, weights: Weights) -> Result<Arc<dyn Model>> {
+    // Freed load-time copies go back to the system (see `memory::Loading`).
+    let _loading = crate::memory::Loading::begin();
     (family(config)?.load)(config, weights)
 }
 

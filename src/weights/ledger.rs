@@ -11,7 +11,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
-use super::{Expect, WeightSource};
+use super::{Expect, Mapped, WeightSource};
 
 /// Tensors of one type and their bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -36,6 +36,9 @@ pub struct Taken {
     pub dense: Option<(Vec<usize>, DType)>,
     /// In blocks: each piece's type and values (several for MoE experts cut from one tensor).
     pub blocks: Vec<(GgmlDType, usize)>,
+    /// An embedding table whose rows are looked up where the file stores them: their type
+    /// and width (a step reads a row's bytes in that type).
+    pub lookup: Option<(GgmlDType, usize)>,
 }
 
 fn block_bytes(t: GgmlDType, values: usize) -> u64 {
@@ -102,13 +105,17 @@ impl Ledger {
 
     /// Bytes of the text model's weights one decode step reads: every layer's tensors as held,
     /// MoE experts scaled to the active ones (`idle_expert_values` of their values are not
-    /// read), the output head, and one embedding row; the head is the embedding table when
+    /// read), the output head, and one embedding row (as the lookup reads it); the head is the embedding table when
     /// `tied_head` (its quantized copy when one was made).
     pub fn decode_bytes(&self, tied_head: bool, idle_expert_values: u64) -> f64 {
         let (mut other, mut experts, mut expert_values) = (0u64, 0u64, 0u64);
         for (name, t) in self.text() {
             if is_embedding(&name) {
-                let row = t.dense.as_ref().map_or(0, |(dims, dt)| dims.last().copied().unwrap_or(0) * dt.size_in_bytes()) as u64;
+                let row = match (t.lookup, &t.dense) {
+                    (Some((ty, width)), _) => block_bytes(ty, width) as usize,
+                    (None, Some((dims, dt))) => dims.last().copied().unwrap_or(0) * dt.size_in_bytes(),
+                    (None, None) => 0,
+                } as u64;
                 other += row + if tied_head { t.held_bytes() } else { 0 };
             } else if is_expert(&name) {
                 experts += t.held_bytes();
@@ -183,6 +190,23 @@ impl LedgerSource {
     }
 }
 
+impl LedgerSource {
+    /// Records a tensor handed out as stored: blocks as blocks, floats as dense.
+    fn record(&self, name: &str, m: Option<Mapped>) -> Option<Mapped> {
+        if let Some(m) = &m {
+            let stored = self.inner.stored_name(name);
+            match super::mapped::float_dtype(m.dtype) {
+                Some(dt) => self.ledger.update(name, stored, |e| e.dense = Some((m.dims.clone(), dt))),
+                None => self.ledger.update(name, stored, |e| {
+                    e.blocks.clear();
+                    e.blocks.push((m.dtype, m.dims.iter().product()));
+                }),
+            }
+        }
+        m
+    }
+}
+
 impl WeightSource for LedgerSource {
     fn describe(&self) -> String {
         self.inner.describe()
@@ -206,6 +230,17 @@ impl WeightSource for LedgerSource {
     fn quantized(&self, name: &str, expect: Option<Expect>, dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {
         let q = self.inner.quantized(name, expect, dev);
         self.blocks(name, q, true)
+    }
+
+    fn mapped(&self, name: &str) -> Option<Mapped> {
+        self.record(name, self.inner.mapped(name))
+    }
+
+    fn rows(&self, name: &str) -> Option<Mapped> {
+        let m = self.record(name, self.inner.rows(name))?;
+        let row = (m.dtype, m.dims.last().copied().unwrap_or(0));
+        self.ledger.update(name, None, |e| e.lookup = Some(row));
+        Some(m)
     }
 
     fn quantize_derived(&self, name: &str, weight: &Tensor, dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {

@@ -10,6 +10,7 @@
 
 mod dummy;
 pub mod ledger;
+pub mod mapped;
 mod quantize;
 pub mod safetensors;
 
@@ -23,6 +24,7 @@ use candle_nn::{Init, VarBuilder};
 
 pub use self::dummy::DummyWeights;
 pub use self::ledger::{Ledger, LedgerSource, TypeCount};
+pub use self::mapped::Mapped;
 pub use self::quantize::{Quant, QuantStats, QuantizingSource};
 pub use self::safetensors::{index_shards, SafetensorsWeights};
 
@@ -49,6 +51,16 @@ pub trait WeightSource: Send + Sync {
     /// Asked only for linear weights; `expect` carries their `[out, in]` shape.
     fn quantized(&self, _name: &str, _expect: Option<Expect>, _dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {
         None
+    }
+    /// Linear weight `name` as it lies in a mapped file, when the source stores it under that
+    /// name untransformed and would hand it out as stored (a quantizing source: only when
+    /// already in blocks). The CPU kernels repack it from there, with no copy between.
+    fn mapped(&self, _name: &str) -> Option<Mapped> {
+        None
+    }
+    /// An embedding table `name` as it lies in a mapped file (rows are looked up there).
+    fn rows(&self, name: &str) -> Option<Mapped> {
+        self.mapped(name)
     }
     /// A linear weight the model cut from a stored tensor (an expert of a fused MoE tensor),
     /// quantized the way this source quantizes its own linear weights; `None` keeps it dense.
@@ -128,6 +140,32 @@ impl Weights {
         let full = if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
         let expect = Expect { shape, init: candle_nn::init::DEFAULT_KAIMING_NORMAL };
         self.source.quantized(&full, Some(expect), self.vb.device())
+    }
+
+    /// Linear weight `name` (relative) as stored in a mapped file, checked to be `shape`.
+    pub fn mapped(&self, name: &str, shape: &Shape) -> candle_core::Result<Option<Mapped>> {
+        self.checked(self.source.mapped(&self.full(name)), name, shape)
+    }
+
+    /// Embedding table `name` (relative) as stored in a mapped file, checked to be `shape`.
+    pub fn rows(&self, name: &str, shape: &Shape) -> candle_core::Result<Option<Mapped>> {
+        self.checked(self.source.rows(&self.full(name)), name, shape)
+    }
+
+    fn full(&self, name: &str) -> String {
+        let prefix = self.vb.prefix();
+        if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") }
+    }
+
+    fn checked(&self, m: Option<Mapped>, name: &str, shape: &Shape) -> candle_core::Result<Option<Mapped>> {
+        match m {
+            Some(m) if m.dims != shape.dims() => {
+                let full = self.full(name);
+                let stored = self.source.stored_name(&full).map(|s| format!(" ({s})")).unwrap_or_default();
+                candle_core::bail!("shape mismatch for {full}{stored}, expected {shape:?}, got {:?} in {}", m.dims, self.describe())
+            }
+            m => Ok(m),
+        }
     }
 
     /// `weight` `[out, in]`, cut by the model from tensor `name` (relative), quantized as

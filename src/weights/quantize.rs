@@ -11,7 +11,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use super::ledger::is_vision;
-use super::{Expect, WeightSource};
+use super::{Expect, Mapped, WeightSource};
 
 /// A quantization type, named as llama.cpp names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,6 +131,16 @@ impl WeightSource for QuantizingSource {
         // One f32 copy of this tensor at a time, on the host, where candle quantizes.
         let q = self.inner.tensor(name, expect, DType::F32, &Device::Cpu).and_then(|t| QTensor::quantize_onto(&t, format, dev));
         Some(self.count(q))
+    }
+
+    /// Only weights already in blocks pass through as stored; float ones get quantized.
+    fn mapped(&self, name: &str) -> Option<Mapped> {
+        self.inner.mapped(name).filter(|m| !m.is_float())
+    }
+
+    /// Lookups read the stored table whatever its type (only linear weights are quantized).
+    fn rows(&self, name: &str) -> Option<Mapped> {
+        self.inner.rows(name)
     }
 
     fn quantize_derived(&self, name: &str, weight: &Tensor, dev: &Device) -> Option<candle_core::Result<Arc<QTensor>>> {

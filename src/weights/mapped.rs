@@ -1,0 +1,155 @@
+//! A tensor as it lies in a memory-mapped weights file: its bytes, stored type and shape, with
+//! no copy made. The CPU kernels repack a linear weight straight from these bytes, and an
+//! embedding table looks its rows up here (dequantizing only the rows a step asks for, as
+//! llama.cpp's `get_rows` does), so a weight is held once: in its final home, or in the file.
+//!
+//! Once a tensor has been copied to its final home, `release` drops the mapping's pages of it
+//! from this process (they stay in the page cache), so the file is not counted a second time
+//! beside the copy. A later read of those bytes faults them back in from the page cache.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{ggml_file, GgmlDType, QTensor};
+use candle_core::{DType, Device, Result, Tensor};
+
+/// One stored tensor inside a shared read-only mapping.
+#[derive(Clone)]
+pub struct Mapped {
+    map: Arc<memmap2::Mmap>,
+    start: usize,
+    len: usize,
+    pub dtype: GgmlDType,
+    /// candle's (torch-order) dims, outermost first.
+    pub dims: Vec<usize>,
+}
+
+impl std::fmt::Debug for Mapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Mapped({:?} {:?}, {} bytes at {})", self.dtype, self.dims, self.len, self.start)
+    }
+}
+
+/// The dense dtype of a float storage type.
+pub fn float_dtype(t: GgmlDType) -> Option<DType> {
+    match t {
+        GgmlDType::F32 => Some(DType::F32),
+        GgmlDType::F16 => Some(DType::F16),
+        GgmlDType::BF16 => Some(DType::BF16),
+        _ => None,
+    }
+}
+
+impl Mapped {
+    /// `len` bytes at `start` of `map` (the caller checked the range against the file).
+    pub fn new(map: Arc<memmap2::Mmap>, start: usize, len: usize, dtype: GgmlDType, dims: Vec<usize>) -> Self {
+        assert!(start + len <= map.len(), "tensor range past the mapping");
+        Mapped { map, start, len, dtype, dims }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.map[self.start..self.start + self.len]
+    }
+
+    /// The bytes as `T` values, when they are aligned for `T` (GGUF aligns tensor data to 32).
+    pub fn values<T: candle_core::WithDType>(&self) -> Option<&[T]> {
+        if float_dtype(self.dtype) != Some(T::DTYPE) {
+            return None;
+        }
+        // SAFETY: f32, f16 and bf16 are plain data of any bit pattern; align_to only hands out
+        // the aligned middle, and an unaligned head or tail is refused below.
+        let (head, body, tail) = unsafe { self.bytes().align_to::<T>() };
+        (head.is_empty() && tail.is_empty()).then_some(body)
+    }
+
+    /// Whether the values are a float type rather than quantized blocks.
+    pub fn is_float(&self) -> bool {
+        float_dtype(self.dtype).is_some()
+    }
+
+    pub fn rows(&self) -> usize {
+        self.dims.first().copied().unwrap_or(0)
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.len / self.rows().max(1)
+    }
+
+    /// A copy as candle's quantized tensor (float types included).
+    pub fn qtensor(&self, dev: &Device) -> Result<QTensor> {
+        ggml_file::qtensor_from_ggml(self.dtype, self.bytes(), self.dims.clone(), dev)
+    }
+
+    /// A dense copy on the host, in the stored float type (blocks: dequantized to f32).
+    pub fn tensor(&self) -> Result<Tensor> {
+        match float_dtype(self.dtype) {
+            Some(dt) => Tensor::from_raw_buffer(self.bytes(), dt, &self.dims, &Device::Cpu),
+            None => self.qtensor(&Device::Cpu)?.dequantize(&Device::Cpu),
+        }
+    }
+
+    /// Rows `ids` of a 2-D table as `[ids.len(), width]` in `dtype` on `dev`; only their bytes
+    /// are read.
+    pub fn lookup(&self, ids: &[u32], dtype: DType, dev: &Device) -> Result<Tensor> {
+        let (rows, rb) = (self.rows(), self.row_bytes());
+        let width = self.dims.get(1).copied().unwrap_or(0);
+        let mut bytes = Vec::with_capacity(ids.len() * rb);
+        for &id in ids {
+            let i = id as usize;
+            if i >= rows {
+                candle_core::bail!("token id {id} is outside the embedding table's {rows} rows");
+            }
+            bytes.extend_from_slice(&self.bytes()[i * rb..(i + 1) * rb]);
+        }
+        let picked = match float_dtype(self.dtype) {
+            Some(dt) => Tensor::from_raw_buffer(&bytes, dt, &[ids.len(), width], &Device::Cpu)?,
+            None => ggml_file::qtensor_from_ggml(self.dtype, &bytes, vec![ids.len(), width], &Device::Cpu)?.dequantize(&Device::Cpu)?,
+        };
+        picked.to_dtype(dtype)?.to_device(dev)
+    }
+
+    /// Drops this process's pages of the tensor's bytes (whole pages only, so neighbours keep
+    /// theirs). Call once the bytes have been copied to where they will be read from.
+    pub fn release(&self) {
+        crate::cpu::pages::release(self.bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn map_of(bytes: &[u8]) -> Arc<memmap2::Mmap> {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        // SAFETY: a private temporary file nobody else writes.
+        Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap())
+    }
+
+    #[test]
+    fn looks_up_rows_of_float_and_block_tables() -> Result<()> {
+        // 4 rows of 32 values; row r holds r + i/64.
+        let vals: Vec<f32> = (0..4 * 32).map(|i| (i / 32) as f32 + (i % 32) as f32 / 64.0).collect();
+        let t = Tensor::from_vec(vals.clone(), (4, 32), &Device::Cpu)?;
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let m = Mapped::new(map_of(&bytes), 0, bytes.len(), GgmlDType::F32, vec![4, 32]);
+        let got = m.lookup(&[3, 0, 3], DType::F32, &Device::Cpu)?;
+        let want = t.index_select(&Tensor::new(&[3u32, 0, 3], &Device::Cpu)?, 0)?;
+        assert_eq!(got.to_vec2::<f32>()?, want.to_vec2::<f32>()?);
+        assert_eq!(m.values::<f32>().map(|v| v.len()), Some(128));
+        assert!(m.values::<half::bf16>().is_none());
+
+        // The same table in Q8_0 blocks: rows dequantize as the whole tensor does.
+        let q = QTensor::quantize(&t, GgmlDType::Q8_0)?;
+        let qb = q.data()?.to_vec();
+        let m = Mapped::new(map_of(&qb), 0, qb.len(), GgmlDType::Q8_0, vec![4, 32]);
+        let whole = q.dequantize(&Device::Cpu)?.to_vec2::<f32>()?;
+        let got = m.lookup(&[2, 1], DType::F32, &Device::Cpu)?.to_vec2::<f32>()?;
+        assert_eq!(got, vec![whole[2].clone(), whole[1].clone()]);
+        assert!(m.lookup(&[4], DType::F32, &Device::Cpu).unwrap_err().to_string().contains("outside the embedding table's 4 rows"));
+        // Released pages read back the same.
+        m.release();
+        assert_eq!(m.tensor()?.to_vec2::<f32>()?, whole);
+        Ok(())
+    }
+}
