@@ -11,15 +11,17 @@ usage: scripts/bench-vs-llamacpp.sh [--level native|avx2] [--gguf FILE...] [-p P
                                     [-t THREADS] [-r REPS] [--out DIR] [--prepare-only]
 
 Runs llama-bench and `merg bench` on each GGUF file (engines alternate file by file) and
-prints a table of prefill / decode tokens/s and merg ÷ llama.cpp ratios.
+prints a table of prefill / decode tokens/s and merg ÷ llama.cpp ratios, then one of peak
+resident memory (anonymous + file-backed) and time from start to the first token.
 
   --level native  llama.cpp with GGML_NATIVE=ON, merg with its detected kernels (default)
   --level avx2    llama.cpp for AVX2+FMA+F16C only (no AVX-512, VNNI or AMX), merg with
                   MERG_CPU_KERNELS=avx2: the same instruction set on both sides
   --gguf FILE...  text-model .gguf files to measure (each with its mmproj-*.gguf beside it,
                   which merg needs); default: random-weight Qwen2.5-VL files made here:
-                  3B text width with 8 layers at F32, BF16, Q8_0 and Q4_K_M, and the
-                  Qwen2.5-0.5B text shape at Q4_K_M
+                  3B text width with 8 layers at F32, BF16, Q8_0 and Q4_K_M, the
+                  Qwen2.5-0.5B text shape at Q4_K_M, and Qwen3.5-27B's widths and
+                  vocabulary on 2 layers at Q4_K_M
   -p P            prompt tokens (default 256)      -n N   decode tokens (default 32)
   -t THREADS      threads for both (default: nproc) -r R  repetitions of each (default 3)
   --out DIR       where the raw JSON goes (default target/bench-vs-llamacpp/<time>)
@@ -121,7 +123,8 @@ if ((${#GGUFS[@]} == 0)); then
   TOK=${MERG_DATA_DIR:-$ROOT/../shared/data}/qwen2-tokenizer/tokenizer.json
   [[ -f $TOK ]] || TOK=$ROOT/tests/fixtures/tiny-qwen2_5-vl/tokenizer.json
   # config stem : formats to measure
-  for spec in "qwen2.5-vl-3b-text-8l:f32 bf16 q8_0 q4_k_m" "qwen2.5-0.5b-text-shape:q4_k_m"; do
+  # The 27B-width file (2 layers, 248k vocabulary, untied) shows memory is not a constant ratio.
+  for spec in "qwen2.5-vl-3b-text-8l:f32 bf16 q8_0 q4_k_m" "qwen2.5-0.5b-text-shape:q4_k_m" "qwen2.5-vl-27b-width-2l:q4_k_m"; do
     stem=${spec%%:*} cfg=$ROOT/models/dummy-${spec%%:*}.json
     # The directory name hashes what decides the bytes, so a changed generator makes new files.
     key=$(cat "$ROOT/scripts/make_bench_gguf.py" "$cfg" "$TOK" | sha256sum | cut -c1-10)
@@ -190,17 +193,32 @@ PYEOF
 }
 
 # --- runs: per file both engines, the first engine alternating from file to file --------------
+# Resident memory of both engines is sampled alike (scripts/peak_rss.py: anonymous and
+# file-backed, every 20 ms): llama-bench's whole run, merg's first repetition (same prompt and
+# decode lengths). Start to first token: each engine loads the file and computes one prompt
+# token, no warm-up, twice (the faster counts: the page cache is warm by then).
+PEAK=("$PY" "$ROOT/scripts/peak_rss.py")
 run_llama() {  # file name
-  "$LDIR/bin/llama-bench" -m "$1" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" -o json > "$OUT/$2.llama.json" 2> "$OUT/$2.llama.log" \
-    || die "llama-bench failed on $1: see $OUT/$2.llama.log"
+  "${PEAK[@]}" "$OUT/$2.llama.mem.json" -- "$LDIR/bin/llama-bench" -m "$1" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" -o json \
+    > "$OUT/$2.llama.json" 2> "$OUT/$2.llama.log" || die "llama-bench failed on $1: see $OUT/$2.llama.log"
+  for i in 1 2; do
+    "${PEAK[@]}" "$OUT/$2.llama.start.$i.json" -- "$LDIR/bin/llama-bench" -m "$1" -p 1 -n 0 -t "$THREADS" -r 1 --no-warmup \
+      > /dev/null 2>> "$OUT/$2.llama.log" || die "llama-bench failed on $1: see $OUT/$2.llama.log"
+  done
 }
 run_merg() {  # file name format
   local extra=()
   # A BF16 file: compute in bf16 as llama.cpp does (merg's CPU default would widen it to f32).
   [[ $3 == BF16 ]] && extra=(--dtype bf16)
   for ((i = 1; i <= REPS; i++)); do
-    env "${MERG_ENV[@]}" "$MERG" bench --model "$1" --prompt-tokens "$P" --decode-tokens "$N" --no-roofline "${extra[@]}" \
+    local peak=()
+    ((i == 1)) && peak=("${PEAK[@]}" "$OUT/$2.merg.mem.json" --)
+    "${peak[@]}" env "${MERG_ENV[@]}" "$MERG" bench --model "$1" --prompt-tokens "$P" --decode-tokens "$N" --no-roofline "${extra[@]}" \
       > "$OUT/$2.merg.$i.out" 2> "$OUT/$2.merg.$i.log" || die "merg bench failed on $1: see $OUT/$2.merg.$i.log"
+  done
+  for i in 1 2; do
+    "${PEAK[@]}" "$OUT/$2.merg.start.$i.json" -- env "${MERG_ENV[@]}" "$MERG" bench --model "$1" --prompt-tokens 1 --decode-tokens 1 \
+      --warmup 0 --no-roofline "${extra[@]}" > /dev/null 2>> "$OUT/$2.merg.start.log" || die "merg bench failed on $1: see $OUT/$2.merg.start.log"
   done
 }
 # Other work on the machine skews both engines (llama.cpp's spinning threads most): say how busy it was.
@@ -260,4 +278,18 @@ for row in rows:
 print("tok/s, mean ± stdev; ratio = merg ÷ llama.cpp (above 1: merg faster). pp = prefill of the prompt,")
 print("tg = decode: llama-bench times it from an empty context; merg decodes after its prompt. Both engines run one")
 print("untimed warm-up prefill first (llama-bench's default, merg bench --warmup 1).")
+print()
+hdr = f"{'file':<34} {'MiB':>6} | {'llama.cpp peak (anon + file)':>30} {'merg peak (anon + file)':>30} {'ratio':>6} | {'llama.cpp start':>15} {'merg start':>10} {'ratio':>6}"
+print(hdr); print("-" * len(hdr))
+for row in rows:
+    f = row.rsplit("|", 1)[0]
+    name = os.path.basename(f)[:-5]
+    mem = {e: json.load(open(f"{out}/{name}.{e}.mem.json")) for e in ("llama", "merg")}
+    start = {e: min(json.load(open(f"{out}/{name}.{e}.start.{i}.json"))["wall_s"] for i in (1, 2)) for e in ("llama", "merg")}
+    cell = lambda m: f"{m['peak_total_mib']:.0f} ({m['peak_anon_mib']:.0f} + {m['peak_file_mib']:.0f})"
+    print(f"{name:<34} {os.path.getsize(f) / 2**20:6.0f} | {cell(mem['llama']):>30} {cell(mem['merg']):>30} {mem['merg']['peak_total_mib'] / mem['llama']['peak_total_mib']:6.2f} |"
+          f" {start['llama']:13.2f} s {start['merg']:8.2f} s {start['merg'] / start['llama']:6.2f}")
+print("peak = the most resident at once over the run, sampled every 20 ms (anonymous and file-backed peaks apiece);")
+print("ratio = merg ÷ llama.cpp (below 1: merg holds less, starts sooner). start = process start to the first")
+print("prompt token computed (load + one token, no warm-up; the faster of two runs, page cache warm).")
 PYEOF

@@ -75,6 +75,10 @@ impl Checkpoint {
     pub fn load_with(files: ModelFiles, device: &Device, opts: &LoadOptions) -> Result<Self> {
         let config = models::registry::read_config(&files.config)?;
         let dtype = opts.dtype.unwrap_or_else(|| crate::weights::default_dtype(device));
+        let prec = crate::plan::Precision { dense_bytes: dtype.size_in_bytes() as f64, quant: opts.quant, quant_vision: opts.quant_vision };
+        let (spec, params) = (models::registry::spec(&config)?, models::registry::param_counts(&config)?);
+        let cost = crate::plan::config_load_cost(&params, &spec, prec, !device.is_cpu());
+        crate::memory::check_load(&files.source, cost, device)?;
         let (weights, quant_stats) = opts.weights(Weights::safetensors(&files.weights, dtype, device)?);
         let model = models::load(&config, weights).with_context(|| format!("loading model {} ({})", files.source, files.config.display()))?;
         let tokenizer = Arc::new(ChatTokenizer::from_dir(&files.dir)?);
@@ -122,6 +126,8 @@ impl Checkpoint {
             bail!("{} is already quantized: in-situ quantization applies to float weights only (load it without a quantization type)", paths.text.display());
         }
         let dtype = opts.dtype.unwrap_or_else(|| opened.format.default_dtype(device));
+        let cost = opened.weights.load_cost(dtype.size_in_bytes() as f64, !device.is_cpu());
+        crate::memory::check_load(&paths.text.display().to_string(), cost, device)?;
         let (weights, quant_stats) = opts.weights(Weights::new(Arc::new(opened.weights), dtype, device));
         let source = weights.describe();
         let model = models::load(&opened.config, weights).with_context(|| format!("loading the GGUF model {source}"))?;
@@ -147,23 +153,4 @@ impl Checkpoint {
 
 }
 
-/// Bytes free on `device`: free GPU memory, or MemAvailable on the host (4 GiB where unknown).
-/// Sizes derived from configs and flags are checked against it before allocating, because a
-/// failed allocation aborts the process instead of returning an error.
-pub fn available_memory(device: &Device) -> Result<u64> {
-    if device.is_cuda() {
-        #[cfg(feature = "cuda")]
-        {
-            let (free, _total) = cudarc::driver::result::mem_get_info().context("querying free GPU memory")?;
-            return Ok(free as u64);
-        }
-    }
-    // CPU: MemAvailable from /proc/meminfo; elsewhere assume 4 GiB.
-    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let kb = info
-        .lines()
-        .find(|l| l.starts_with("MemAvailable:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|n| n.parse::<u64>().ok());
-    Ok(kb.map(|k| k * 1024).unwrap_or(4 << 30))
-}
+pub use crate::memory::available_memory;

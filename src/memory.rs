@@ -27,13 +27,70 @@ pub fn resident() -> Option<Resident> {
     Some(Resident { anon_bytes: kib("RssAnon:")?, file_bytes: kib("RssFile:")? + kib("RssShmem:").unwrap_or(0) })
 }
 
+/// What loading a model takes: the weights as held once loaded (on the device that runs them),
+/// and the host's peak while loading (with the weights on the CPU, they are part of it; onto a
+/// GPU, the host only passes each tensor through).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LoadCost {
+    pub text_bytes: u64,
+    pub vision_bytes: u64,
+    pub host_peak_bytes: u64,
+}
+
+/// Host memory a loaded model's process takes beside its weights and any tensor in flight:
+/// code, tokenizer, the files' metadata, thread stacks (measured about 150 MiB for a 152k-token
+/// vocabulary).
+pub const RUNTIME_BYTES: u64 = 256 << 20;
+
+/// Bytes free on `device`: free GPU memory, or MemAvailable on the host (4 GiB where unknown).
+/// Sizes derived from configs, flags and files are checked against it before allocating,
+/// because a failed allocation aborts the process instead of returning an error.
+pub fn available_memory(device: &candle_core::Device) -> anyhow::Result<u64> {
+    if device.is_cuda() {
+        #[cfg(feature = "cuda")]
+        {
+            use anyhow::Context;
+            let (free, _total) = cudarc::driver::result::mem_get_info().context("querying free GPU memory")?;
+            return Ok(free as u64);
+        }
+    }
+    // CPU: MemAvailable from /proc/meminfo; elsewhere assume 4 GiB.
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kb = info.lines().find(|l| l.starts_with("MemAvailable:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|n| n.parse::<u64>().ok());
+    Ok(kb.map(|k| k * 1024).unwrap_or(4 << 30))
+}
+
+/// Refuses a load whose `cost` does not fit what is free, before anything is allocated: the
+/// host's peak against the host's free memory, and on a GPU the weights against the device's.
+/// `what` names the files in the message.
+pub fn check_load(what: &str, cost: LoadCost, device: &candle_core::Device) -> anyhow::Result<()> {
+    let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
+    let host = available_memory(&candle_core::Device::Cpu)?;
+    if cost.host_peak_bytes > host {
+        let how = match device.is_cpu() {
+            true => format!("{} of weights plus what is in flight", gib(cost.text_bytes + cost.vision_bytes)),
+            false => "each tensor passes through it on the way to the GPU".to_string(),
+        };
+        anyhow::bail!("{what} needs {} of host memory to load ({how}) but {} is available", gib(cost.host_peak_bytes), gib(host));
+    }
+    if !device.is_cpu() {
+        let free = available_memory(device)?;
+        let need = cost.text_bytes + cost.vision_bytes;
+        if need > free {
+            anyhow::bail!("{what} needs {} of GPU memory for its weights but {} is free", gib(need), gib(free));
+        }
+    }
+    Ok(())
+}
+
 /// Allocator tuning while a model loads, restored to run-time tuning when dropped.
 ///
 /// glibc raises its mmap threshold after each large free (up to 32 MiB), so the tensors a load
 /// frees (parts joined into one q/k/v or gate/up weight, a copy on the way to a packed layout)
 /// stay resident as holes in the heap: measured 137 MiB kept per layer of a 3B-width Q8_0
-/// file whose layers hold 78 MiB. While loading, every block of 4 MiB or more is mapped on its
-/// own and so returned when freed. After loading the threshold goes to glibc's ceiling instead
+/// file whose layers hold 78 MiB. While loading, every block of 256 KiB or more is mapped on
+/// its own and so returned when freed (heap holes of freed megabyte-sized parts were not reused
+/// well either: 7.3 MiB kept per layer holding 3.9 on a file of 1 MiB tensors). After loading the threshold goes to glibc's ceiling instead
 /// (and the heap is trimmed only past 128 MiB free): a step's activations of a few MiB are then
 /// reused from the heap, where with the 4 MiB threshold each would be mapped and faulted in
 /// afresh (prefill measured 28 % slower that way). Only glibc is tuned; other allocators and
@@ -42,7 +99,7 @@ pub struct Loading(());
 
 impl Loading {
     pub fn begin() -> Self {
-        mallopt_pair(4 << 20, 8 << 20);
+        mallopt_pair(256 << 10, 1 << 20);
         Loading(())
     }
 }

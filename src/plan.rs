@@ -6,6 +6,7 @@
 use serde::Serialize;
 
 use crate::engine::engine::state_bytes_per_seq;
+use crate::memory::{LoadCost, RUNTIME_BYTES};
 use crate::models::{ModelSpec, ParamCounts};
 use crate::weights::Quant;
 
@@ -34,6 +35,12 @@ pub struct Plan {
     pub budget_bytes: u64,
     /// Bytes left for K/V and states after weights and reserve (negative: weights alone do not fit).
     pub free_bytes: i64,
+    /// The host's memory at the load's peak (`memory::LoadCost`).
+    pub host_load_peak_bytes: u64,
+    /// The host's memory when the weights go to a GPU (`None`: one memory, the budget).
+    pub host_budget_bytes: Option<u64>,
+    /// Whether the load's peak fits the host (or the one memory).
+    pub host_fits: bool,
     pub context: usize,
     /// Dialogues of `context` tokens that fit at once.
     pub dialogues_that_fit: u64,
@@ -62,16 +69,41 @@ pub fn weight_bytes(p: &ParamCounts, spec: &ModelSpec, prec: Precision) -> (u64,
     (text, vision)
 }
 
-pub fn plan(p: &ParamCounts, spec: &ModelSpec, prec: Precision, budget: u64, reserve: u64, context: usize, dialogues: u64) -> Plan {
-    plan_with_weights(p, spec, prec, weight_bytes(p, spec, prec), budget, reserve, context, dialogues)
+/// Where the memory is: one memory holding weights, K/V and the load (CPU), or a device of
+/// `device` bytes fed from a host of `host` bytes (GPU).
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub device: u64,
+    pub host: Option<u64>,
+    /// Kept back on the device for activations, workspace and the runtime.
+    pub reserve: u64,
 }
 
-/// As `plan`, for weights whose loaded sizes are known (GGUF files: `gguf::loaded_bytes`).
-#[allow(clippy::too_many_arguments)]
-pub fn plan_with_weights(p: &ParamCounts, spec: &ModelSpec, prec: Precision, (text, vision): (u64, u64), budget: u64, reserve: u64, context: usize, dialogues: u64) -> Plan {
+/// What loading takes when only the config is known: weights as `weight_bytes` says, the host
+/// passing one tensor at a time, the largest being the vocabulary × hidden table (in flight
+/// in f32 while in-situ quantization makes its blocks, else in the checkpoint's 2-byte dtype
+/// and the compute dtype).
+pub fn config_load_cost(p: &ParamCounts, spec: &ModelSpec, prec: Precision, gpu: bool) -> LoadCost {
+    let (text, vision) = weight_bytes(p, spec, prec);
+    let largest = (spec.vocab_size * spec.hidden_size) as f64;
+    let in_flight = match prec.quant {
+        Some(q) => largest * (2.0 + 4.0 + q.bits_per_weight() / 8.0),
+        None => largest * (2.0 + prec.dense_bytes),
+    } as u64;
+    let resident = if gpu { 0 } else { text + vision };
+    LoadCost { text_bytes: text, vision_bytes: vision, host_peak_bytes: resident + in_flight + RUNTIME_BYTES }
+}
+
+pub fn plan(p: &ParamCounts, spec: &ModelSpec, prec: Precision, budget: Budget, context: usize, dialogues: u64) -> Plan {
+    plan_with_load(p, spec, prec, config_load_cost(p, spec, prec, budget.host.is_some()), budget, context, dialogues)
+}
+
+/// As `plan`, for weights whose load is known (GGUF files: `gguf::load_cost`).
+pub fn plan_with_load(p: &ParamCounts, spec: &ModelSpec, prec: Precision, load: LoadCost, budget: Budget, context: usize, dialogues: u64) -> Plan {
+    let (text, vision, reserve) = (load.text_bytes, load.vision_bytes, budget.reserve);
     let kv = 2 * (spec.num_attention_layers() * spec.num_kv_heads * spec.head_dim) as u64 * prec.dense_bytes as u64;
     let state = state_bytes_per_seq(spec);
-    let free = budget as i64 - (text + vision + reserve) as i64;
+    let free = budget.device as i64 - (text + vision + reserve) as i64;
     let per_dialogue = kv * context as u64 + state;
     let (fit_n, fit_ctx) = match free {
         f if f <= 0 => (0, 0),
@@ -82,6 +114,8 @@ pub fn plan_with_weights(p: &ParamCounts, spec: &ModelSpec, prec: Precision, (te
             (n, ctx)
         }
     };
+    // One memory: the load's peak must fit it too (it is over before K/V is allocated).
+    let host_fits = load.host_peak_bytes <= budget.host.unwrap_or(budget.device);
     Plan {
         params: *p,
         text_weight_bytes: text,
@@ -89,13 +123,16 @@ pub fn plan_with_weights(p: &ParamCounts, spec: &ModelSpec, prec: Precision, (te
         kv_bytes_per_token: kv,
         state_bytes_per_sequence: state,
         reserve_bytes: reserve,
-        budget_bytes: budget,
+        budget_bytes: budget.device,
         free_bytes: free,
+        host_load_peak_bytes: load.host_peak_bytes,
+        host_budget_bytes: budget.host,
+        host_fits,
         context,
         dialogues_that_fit: fit_n,
         dialogues,
         context_that_fits: fit_ctx.min(spec.max_context as u64),
-        fits: fit_n >= dialogues && context <= spec.max_context,
+        fits: fit_n >= dialogues && context <= spec.max_context && host_fits,
     }
 }
 
@@ -124,7 +161,17 @@ impl std::fmt::Display for Plan {
         writeln!(f, "state per sequence: {} MiB (recurrent layers, f32)", self.state_bytes_per_sequence as f64 / 1048576.0)?;
         writeln!(f, "reserve:            {} (activations, workspace)", gib(self.reserve_bytes))?;
         writeln!(f, "budget:             {}; {} left for K/V and states", gib(self.budget_bytes), gib(self.free_bytes.max(0) as u64))?;
+        let host = match self.host_budget_bytes {
+            Some(h) => format!("of the host's {}", gib(h)),
+            None => format!("of the {} budget, before K/V is allocated", gib(self.budget_bytes)),
+        };
+        writeln!(f, "loading peak:       {} {host}{}", gib(self.host_load_peak_bytes), if self.host_fits { "" } else { ": DOES NOT FIT" })?;
         writeln!(f, "fits:               {} dialogues of {} tokens at once; {} dialogues get up to {} tokens each", self.dialogues_that_fit, self.context, self.dialogues, self.context_that_fits)?;
-        write!(f, "verdict:            {} dialogues × {} tokens {}", self.dialogues, self.context, if self.fits { "FIT" } else { "DO NOT FIT" })
+        let why = match (self.fits, self.host_fits) {
+            (true, _) => String::new(),
+            (false, false) => format!(" (the {} cannot load it)", if self.host_budget_bytes.is_some() { "host" } else { "memory" }),
+            (false, true) => format!(" (the {} is too small for them)", if self.host_budget_bytes.is_some() { "device" } else { "memory" }),
+        };
+        write!(f, "verdict:            {} dialogues × {} tokens {}{why}", self.dialogues, self.context, if self.fits { "FIT" } else { "DO NOT FIT" })
     }
 }

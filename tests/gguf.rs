@@ -267,8 +267,9 @@ fn bad_gguf_files_are_named() {
 }
 
 /// `merg plan` on GGUF files counts what loading them takes: F32 files at 4 bytes a value are
-/// exactly the config's parameters (Qwen3.5's MTP block left out), and a Q8_0 text model
-/// takes its blocks (plus a dense copy of a quantized token embedding for lookups).
+/// the config's parameters (Qwen3.5's MTP block left out) less an untied embedding table, whose
+/// rows are looked up in the file; a Q8_0 text model takes its blocks; the host's peak while
+/// loading onto the CPU holds the weights and more, onto a GPU less than the weights.
 #[test]
 fn planned_gguf_bytes_match_the_parameters() {
     for (_, dir) in FAMILIES {
@@ -277,19 +278,25 @@ fn planned_gguf_bytes_match_the_parameters() {
         let params = merg::models::registry::param_counts(&opened.config).unwrap();
         let text = merg::gguf::GgufFile::open(&paths.text).unwrap();
         let mm = merg::gguf::GgufFile::open(paths.mmproj.as_ref().unwrap()).unwrap();
-        let (t, v) = merg::gguf::loaded_bytes(&text, Some(&mm), 4.0);
-        assert_eq!((t, v), ((params.total() - params.vision) * 4, params.vision * 4), "{dir}");
+        let cost = merg::gguf::load_cost(&text, Some(&mm), 4.0, false);
+        let embd = text.info("token_embd.weight").unwrap();
+        let lookup_only = if text.info("output.weight").is_some() { embd.len as u64 } else { 0 };
+        assert_eq!((cost.text_bytes, cost.vision_bytes), ((params.total() - params.vision) * 4 - lookup_only, params.vision * 4), "{dir}");
+        assert!(cost.host_peak_bytes > cost.text_bytes + cost.vision_bytes, "{dir}");
+        let gpu = merg::gguf::load_cost(&text, Some(&mm), 4.0, true);
+        assert!(gpu.host_peak_bytes < cost.host_peak_bytes && (gpu.text_bytes, gpu.vision_bytes) == (cost.text_bytes, cost.vision_bytes), "{dir}");
         let q = merg::gguf::GgufFile::open(&gguf(dir, "q8_0").text).unwrap();
-        let (tq, _) = merg::gguf::loaded_bytes(&q, None, 4.0);
-        eprintln!("{dir}: text {t} B at F32, {tq} B at Q8_0");
-        assert!(tq < t, "{dir}");
+        let tq = merg::gguf::load_cost(&q, None, 4.0, false).text_bytes;
+        eprintln!("{dir}: text {} B at F32, {tq} B at Q8_0", cost.text_bytes);
+        assert!(tq < cost.text_bytes, "{dir}");
         // `merg plan --model F.gguf` reports the same sizes (bf16 dense tensors by default).
         let q8 = gguf(dir, "q8_0");
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_merg")).args(["plan", "--model", q8.text.to_str().unwrap(), "--memory", "1GiB", "--json"]).output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        let want = merg::gguf::open(&q8).unwrap().weights.loaded_bytes(2.0);
-        assert_eq!((p["text_weight_bytes"].as_u64().unwrap(), p["vision_weight_bytes"].as_u64().unwrap()), want, "{dir}");
+        let want = merg::gguf::open(&q8).unwrap().weights.load_cost(2.0, false);
+        let got = (p["text_weight_bytes"].as_u64().unwrap(), p["vision_weight_bytes"].as_u64().unwrap(), p["host_load_peak_bytes"].as_u64().unwrap());
+        assert_eq!(got, (want.text_bytes, want.vision_bytes, want.host_peak_bytes), "{dir}");
     }
 }
 

@@ -201,6 +201,7 @@ fn open_gguf(m: &str, paths: &merg::gguf::GgufPaths, quant: Option<Quant>, asked
         anyhow::bail!("--quant: {m} is already quantized");
     }
     let dtype = asked.unwrap_or_else(|| opened.format.default_dtype(device));
+    merg::memory::check_load(m, opened.weights.load_cost(dtype.size_in_bytes() as f64, !device.is_cpu()), device)?;
     Ok(Loaded { config: opened.config, weights: Weights::new(std::sync::Arc::new(opened.weights), dtype, device), dtype, gguf: Some(opened.format) })
 }
 

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Args;
 
 use merg::models::registry;
-use merg::plan::{plan, plan_with_weights, Precision};
+use merg::plan::{plan, plan_with_load, Budget, Precision};
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -32,6 +32,10 @@ pub struct PlanArgs {
     /// The device's memory, e.g. 24GiB.
     #[arg(long)]
     memory: String,
+    /// The host's memory when the weights load onto a GPU of --memory (e.g. 32GiB); without it
+    /// the plan is for one memory (CPU), which must also hold the load's peak.
+    #[arg(long)]
+    host_memory: Option<String>,
     /// Kept back for activations, workspace and the runtime.
     #[arg(long, default_value = "1.5GiB")]
     reserve: String,
@@ -58,7 +62,7 @@ pub fn cmd_plan(a: PlanArgs) -> Result<()> {
         (Some(m), None) => match merg::gguf::resolve(m, None, a.mmproj.as_deref())? {
             Some(paths) => {
                 let opened = merg::gguf::open(&paths)?;
-                gguf_weights = Some(opened.weights.loaded_bytes(dense_bytes));
+                gguf_weights = Some(opened.weights.load_cost(dense_bytes, a.host_memory.is_some()));
                 if a.quant.is_some() && opened.quantized {
                     anyhow::bail!("--quant: {} is already quantized", paths.text.display());
                 }
@@ -84,10 +88,12 @@ pub fn cmd_plan(a: PlanArgs) -> Result<()> {
     }
     let budget = merg::engine::parse_bytes(&a.memory).map_err(|e| anyhow::anyhow!("--memory: {e:#}"))?;
     let reserve = merg::engine::parse_bytes(&a.reserve).map_err(|e| anyhow::anyhow!("--reserve: {e:#}"))?;
+    let host = a.host_memory.as_deref().map(merg::engine::parse_bytes).transpose().map_err(|e| anyhow::anyhow!("--host-memory: {e:#}"))?;
+    let budget = Budget { device: budget, host, reserve };
     let prec = Precision { dense_bytes, quant, quant_vision: a.quant_vision };
     let p = match gguf_weights.filter(|_| quant.is_none()) {
-        Some(w) => plan_with_weights(&params, &spec, prec, w, budget, reserve, a.context, a.dialogues),
-        None => plan(&params, &spec, prec, budget, reserve, a.context, a.dialogues),
+        Some(w) => plan_with_load(&params, &spec, prec, w, budget, a.context, a.dialogues),
+        None => plan(&params, &spec, prec, budget, a.context, a.dialogues),
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&p)?);

@@ -63,6 +63,15 @@ pub fn huge_copy<T: Copy>(src: &[T]) -> Vec<T> {
     })
 }
 
+/// `parts` one after another, on huge pages (joined weights: no intermediate copy).
+pub fn huge_concat<T: Copy>(parts: &[&[T]]) -> Vec<T> {
+    on_huge_pages(parts.iter().map(|p| p.len()).sum(), |v| {
+        for p in parts {
+            v.extend_from_slice(p);
+        }
+    })
+}
+
 /// How much a packer copies between two `copied` calls.
 pub const BAND_BYTES: usize = 32 << 20;
 

@@ -68,11 +68,7 @@ impl Panels {
         if parts.iter().any(|p| p.k != first.k || p.per_panel != first.per_panel || p.n % PANEL != 0) {
             return None;
         }
-        let mut lines = Vec::with_capacity(parts.iter().map(|p| p.lines.len()).sum());
-        for p in parts {
-            lines.extend_from_slice(&p.lines);
-        }
-        let lines = super::pages::huge_copy(&lines);
+        let lines = super::pages::huge_concat(&parts.iter().map(|p| p.lines.as_slice()).collect::<Vec<_>>());
         Some(Panels { n: parts.iter().map(|p| p.n).sum(), k: first.k, per_panel: first.per_panel, lines })
     }
 

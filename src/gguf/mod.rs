@@ -235,28 +235,54 @@ fn linear_heads(config: &Value) -> names::Heads {
     }
 }
 
-/// Bytes the weights of opened GGUF files take once loaded with dense tensors in
-/// `dense_bytes` per value: block-quantized tensors stay as stored, float ones take the compute
-/// dtype, and a block-quantized token embedding also gets its dense copy for the lookup.
-/// Returns (text, vision).
-pub fn loaded_bytes(text: &GgufFile, vision: Option<&GgufFile>, dense_bytes: f64) -> (u64, u64) {
-    let of = |f: &GgufFile| -> u64 {
-        f.header
-            .tensors
-            .iter()
-            .filter(|(name, _)| !is_mtp(f, name))
-            .map(|(name, t)| {
-                let elems: usize = t.dims.iter().product();
-                let dense = (elems as f64 * dense_bytes) as u64;
-                match (t.dtype.block_size() > 1, name.as_str()) {
-                    (true, "token_embd.weight") => t.len as u64 + dense,
-                    (true, _) => t.len as u64,
-                    (false, _) => dense,
-                }
-            })
-            .sum()
-    };
-    (of(text), vision.map(of).unwrap_or(0))
+/// What loading opened GGUF files takes (`memory::LoadCost`), dense tensors in `dense_bytes`
+/// per value, onto the CPU or (`gpu`) a GPU. Held: block tensors as stored, float ones in the
+/// compute dtype, and an untied token embedding not at all (lookups read its rows in the file;
+/// the pages they touch are clean page cache). A tied one is held once, as the head. In flight
+/// on the host, one tensor at a time: a float tensor converted to another dtype takes its
+/// stored copy and the converted one; anything else passes in 32 MiB bands from the mapping
+/// to its packed home (a GPU upload maps the whole tensor); on the CPU the parts joined into
+/// one q/k/v or gate/up weight are held twice while they are joined.
+pub fn load_cost(text: &GgufFile, vision: Option<&GgufFile>, dense_bytes: f64, gpu: bool) -> crate::memory::LoadCost {
+    let (mut held, mut in_flight) = ([0u64; 2], 0u64);
+    for (i, f) in std::iter::once(text).chain(vision).enumerate() {
+        let tied = f.info("output.weight").is_none();
+        let mut joins: std::collections::HashMap<String, u64> = Default::default();
+        for (name, t) in f.header.tensors.iter().filter(|(name, _)| !is_mtp(f, name)) {
+            let elems: usize = t.dims.iter().product();
+            let (stored, dense) = (t.len as u64, (elems as f64 * dense_bytes) as u64);
+            let float = t.dtype.block_size() == 1;
+            let converted = float && (t.len as f64 / elems as f64 - dense_bytes).abs() > 1e-9;
+            let keeps = if float { dense } else { stored };
+            let lookup_only = name == "token_embd.weight" && !tied;
+            held[i] += if lookup_only { 0 } else { keeps };
+            let pass = match (converted, gpu) {
+                (true, _) => stored + dense,
+                (false, true) => stored,
+                (false, false) => stored.min(crate::cpu::pages::BAND_BYTES as u64),
+            };
+            in_flight = in_flight.max(pass);
+            if let Some(group) = joined_group(name) {
+                *joins.entry(group).or_default() += keeps;
+            }
+        }
+        if !gpu {
+            in_flight = in_flight.max(joins.values().copied().max().unwrap_or(0));
+        }
+    }
+    let [text_bytes, vision_bytes] = held;
+    let resident = if gpu { 0 } else { text_bytes + vision_bytes };
+    crate::memory::LoadCost { text_bytes, vision_bytes, host_peak_bytes: resident + in_flight + crate::memory::RUNTIME_BYTES }
+}
+
+/// The one weight a tensor is joined into on the CPU (`layers::Fused`): q/k/v, gate/up.
+fn joined_group(name: &str) -> Option<String> {
+    for (parts, into) in [(&[".attn_q.", ".attn_k.", ".attn_v."][..], ".attn_qkv."), (&[".ffn_gate.", ".ffn_up."][..], ".ffn_gate_up.")] {
+        if let Some(p) = parts.iter().find(|p| name.contains(*p)) {
+            return Some(name.replacen(p, into, 1));
+        }
+    }
+    None
 }
 
 /// Whether `name` belongs to a multi-token-prediction block (Qwen3.5), which merg skips.

@@ -31,9 +31,9 @@ impl GgufWeights {
         GgufWeights { text, vision, arch, heads, deepstack }
     }
 
-    /// What the weights take once loaded (`gguf::loaded_bytes`): (text, vision).
-    pub fn loaded_bytes(&self, dense_bytes: f64) -> (u64, u64) {
-        super::loaded_bytes(&self.text, self.vision.as_ref(), dense_bytes)
+    /// What loading the weights takes (`gguf::load_cost`).
+    pub fn load_cost(&self, dense_bytes: f64, gpu: bool) -> crate::memory::LoadCost {
+        super::load_cost(&self.text, self.vision.as_ref(), dense_bytes, gpu)
     }
 
     fn file(&self, part: Part) -> Option<&GgufFile> {

@@ -72,6 +72,9 @@ impl WeightSource for SafetensorsWeights {
     }
 
     fn tensor(&self, name: &str, _expect: Option<Expect>, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        self.mmaped.load(name, dev)?.to_dtype(dtype)
+        let t = self.mmaped.load(name, dev)?;
+        // The copy is what gets read from now on: the mapping's pages of it leave this process.
+        crate::cpu::pages::release(self.mmaped.get(name)?.data());
+        t.to_dtype(dtype)
     }
 }

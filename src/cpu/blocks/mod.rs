@@ -150,8 +150,8 @@ impl PackedBlocks {
         if parts.iter().any(|p| p.format != first.format || p.k != first.k) {
             return None;
         }
-        let data: Vec<u8> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
-        Some(PackedBlocks { format: first.format, n: parts.iter().map(|p| p.n).sum(), k: first.k, data: super::pages::huge_copy(&data) })
+        let data = super::pages::huge_concat(&parts.iter().map(|p| p.data.as_slice()).collect::<Vec<_>>());
+        Some(PackedBlocks { format: first.format, n: parts.iter().map(|p| p.n).sum(), k: first.k, data })
     }
 
     /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are
