@@ -76,11 +76,13 @@ impl Checkpoint {
         let config = models::registry::read_config(&files.config)?;
         let dtype = opts.dtype.unwrap_or_else(|| crate::weights::default_dtype(device));
         let prec = crate::plan::Precision { dense_bytes: dtype.size_in_bytes() as f64, quant: opts.quant, quant_vision: opts.quant_vision };
-        let (spec, params) = (models::registry::spec(&config)?, models::registry::param_counts(&config)?);
+        let what = || format!("loading model {} ({})", files.source, files.config.display());
+        let spec = models::registry::spec(&config).with_context(what)?;
+        let params = models::registry::param_counts(&config).with_context(what)?;
         let cost = crate::plan::config_load_cost(&params, &spec, prec, !device.is_cpu());
         crate::memory::check_load(&files.source, cost, device)?;
         let (weights, quant_stats) = opts.weights(Weights::safetensors(&files.weights, dtype, device)?);
-        let model = models::load(&config, weights).with_context(|| format!("loading model {} ({})", files.source, files.config.display()))?;
+        let model = models::load(&config, weights).with_context(what)?;
         let tokenizer = Arc::new(ChatTokenizer::from_dir(&files.dir)?);
         let mut preprocessor = match &files.preprocessor_config {
             Some(p) => PreprocessorConfig::from_file(p)?,

@@ -555,3 +555,27 @@ fn bf16_gguf_runs_in_bf16() {
     let forced = bench_json(&text, &["--dtype", "f32"]);
     assert_eq!((forced["weights"].as_str(), forced["dtype"].as_str()), (Some("bf16 as f32"), Some("F32")));
 }
+
+/// Two projectors beside a text model: the error names both and the flag that picks one, and
+/// naming one with `--mmproj` works.
+#[test]
+fn several_projectors_are_named_and_one_can_be_picked() {
+    let paths = gguf("qwen2_5-vl", "q8_0");
+    let d = tempfile::tempdir().unwrap();
+    let text = d.path().join("model.gguf");
+    std::fs::copy(&paths.text, &text).unwrap();
+    for name in ["mmproj-a.gguf", "mmproj-b.gguf"] {
+        std::fs::copy(paths.mmproj.as_ref().unwrap(), d.path().join(name)).unwrap();
+    }
+    let plan = |extra: &[&str]| {
+        let mut args = vec!["plan", "--model", text.to_str().unwrap(), "--memory", "1GiB", "--json"];
+        args.extend_from_slice(extra);
+        std::process::Command::new(env!("CARGO_BIN_EXE_merg")).args(&args).env("HF_HUB_OFFLINE", "1").output().unwrap()
+    };
+    let o = plan(&[]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("mmproj-a.gguf") && e.contains("mmproj-b.gguf") && e.contains("--mmproj"), "{e}");
+    let b = d.path().join("mmproj-b.gguf");
+    let o = plan(&["--mmproj", b.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

@@ -121,11 +121,19 @@ pub fn device_and_dtype(device: &str, dtype: Option<&str>) -> Result<(candle_cor
     Ok((device, dtype))
 }
 
+/// A `--model` resolution error in the flags' words (several projectors: `--mmproj` picks).
+pub fn model_error(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast_ref::<merg::gguf::SeveralProjectors>() {
+        Some(p) => anyhow::anyhow!("--model: {p}; give it with --mmproj FILE"),
+        None => anyhow::anyhow!("--model: {e:#}"),
+    }
+}
+
 pub fn load_checkpoint(m: &ModelArgs) -> Result<Checkpoint> {
     let (device, dtype) = device_and_dtype(&m.device, m.dtype.as_deref())?;
     let quant = m.quant.as_deref().map(merg::weights::Quant::parse).transpose().map_err(|e| anyhow::anyhow!("--quant: {e:#}"))?;
     let opts = merg::checkpoint::LoadOptions { dtype, quant, quant_vision: m.quant_vision };
-    if let Some(paths) = merg::gguf::resolve(&m.model, m.revision.as_deref(), m.mmproj.as_deref()).map_err(|e| anyhow::anyhow!("--model: {e:#}"))? {
+    if let Some(paths) = merg::gguf::resolve(&m.model, m.revision.as_deref(), m.mmproj.as_deref()).map_err(model_error)? {
         return Checkpoint::load_gguf(&paths, &device, &opts).map_err(|e| match e.to_string().contains("already quantized") {
             true => anyhow::anyhow!("--quant: {e:#}"),
             false => e,

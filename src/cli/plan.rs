@@ -59,7 +59,7 @@ pub fn cmd_plan(a: PlanArgs) -> Result<()> {
     let mut gguf_weights = None;
     let (path, config) = match (&a.model, &a.config) {
         (_, Some(c)) => (c.clone(), registry::read_config(c)?),
-        (Some(m), None) => match merg::gguf::resolve(m, None, a.mmproj.as_deref())? {
+        (Some(m), None) => match merg::gguf::resolve(m, None, a.mmproj.as_deref()).map_err(super::model_error)? {
             Some(paths) => {
                 let opened = merg::gguf::open(&paths)?;
                 gguf_weights = Some(opened.weights.load_cost(dense_bytes, a.host_memory.is_some()));

@@ -30,9 +30,13 @@ impl PackedBf16 {
     pub fn pack(w: &[bf16], n: usize, k: usize) -> PackedBf16 {
         assert!(w.len() >= n * k, "PackedBf16::pack: {} values for [{n}, {k}]", w.len());
         PackedBf16(Panels::new(n, k, k.div_ceil(2), Line([0; 64]), |p, l| {
+            let lanes = super::panels::lanes(l);
             for r in 0..PANEL.min(n - p * PANEL) {
-                for (i, v) in w[(p * PANEL + r) * k..][..k].iter().enumerate() {
-                    l[i / 2].0[4 * r + 2 * (i % 2)..][..2].copy_from_slice(&v.to_bits().to_le_bytes());
+                // A lane holds a pair of values, the first in its low half (an odd k leaves the
+                // last high half zero).
+                for (line, pair) in lanes.iter_mut().zip(w[(p * PANEL + r) * k..][..k].chunks(2)) {
+                    let hi = pair.get(1).map_or(0, |v| v.to_bits() as u32);
+                    line[r] = (pair[0].to_bits() as u32 | hi << 16).to_le();
                 }
             }
         }))

@@ -28,9 +28,10 @@ impl PackedF32 {
     pub fn pack(w: &[f32], n: usize, k: usize) -> PackedF32 {
         assert!(w.len() >= n * k, "PackedF32::pack: {} values for [{n}, {k}]", w.len());
         PackedF32(Panels::new(n, k, k, Line([0; 64]), |p, l| {
+            let lanes = super::panels::lanes(l);
             for r in 0..PANEL.min(n - p * PANEL) {
-                for (i, v) in w[(p * PANEL + r) * k..][..k].iter().enumerate() {
-                    l[i].0[4 * r..][..4].copy_from_slice(&v.to_le_bytes());
+                for (line, v) in lanes.iter_mut().zip(&w[(p * PANEL + r) * k..][..k]) {
+                    line[r] = v.to_bits().to_le();
                 }
             }
         }))

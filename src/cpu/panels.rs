@@ -38,6 +38,14 @@ pub(crate) use panel_rows;
 #[derive(Clone, Copy)]
 pub struct Line(pub [u8; 64]);
 
+/// Lines as their sixteen 32-bit lanes (lane `r` holds row `r`'s bytes, little-endian), so a
+/// packer writes a row's four bytes with one store instead of four checked byte copies.
+pub fn lanes(l: &mut [Line]) -> &mut [[u32; 16]] {
+    // SAFETY: a Line is 64 bytes, 64-aligned, any bit pattern valid; [u32; 16] is 64 bytes with
+    // weaker alignment, so the cast keeps length and alignment.
+    unsafe { std::slice::from_raw_parts_mut(l.as_mut_ptr() as *mut [u32; 16], l.len()) }
+}
+
 /// A weight `[n, k]` as panels of 16 rows, each `per_panel` lines, on huge pages (what every
 /// packed format shares; the format decides what a panel's lines hold).
 pub struct Panels {

@@ -48,13 +48,15 @@ impl PackedQ8 {
         Some(PackedQ8(Panels::new(n, k, nb * 8 + scale_lines(nb), Line([0x80; 64]), |p, l| {
             let (l, s) = l.split_at_mut(nb * 8);
             s.fill(Line([0; 64]));
+            let lanes = super::panels::lanes(l);
             for r in 0..PANEL.min(n - p * PANEL) {
                 let row = &blocks[(p * PANEL + r) * nb * BLOCK_BYTES..][..nb * BLOCK_BYTES];
-                for (b, blk) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+                for ((b, blk), lines) in row.chunks_exact(BLOCK_BYTES).enumerate().zip(lanes.chunks_exact_mut(8)) {
                     let at = (b * PANEL + r) * 2;
                     s[at / 64].0[at % 64..at % 64 + 2].copy_from_slice(&blk[..2]);
-                    for (i, &q) in blk[2..].iter().enumerate() {
-                        l[b * 8 + i / 4].0[4 * r + i % 4] = q ^ 0x80;
+                    // Four values a lane, offset to unsigned (`vpdpbusd` takes u8 × i8).
+                    for (line, q) in lines.iter_mut().zip(blk[2..].chunks_exact(4)) {
+                        line[r] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]).to_le() ^ 0x8080_8080;
                     }
                 }
             }

@@ -94,12 +94,27 @@ pub fn resolve_local(model: &str, mmproj: Option<&Path>) -> Result<Option<GgufPa
             match found.len() {
                 0 => None,
                 1 => found.pop(),
-                _ => bail!("{} holds several vision projectors ({}): name the one to use", dir.display(), names(&found)),
+                _ => return Err(SeveralProjectors { dir: dir.clone(), found }.into()),
             }
         }
     };
     Ok(Some(GgufPaths { text, mmproj }))
 }
+
+/// A text model's directory holds more than one `mmproj-*.gguf` and none was named.
+#[derive(Debug)]
+pub struct SeveralProjectors {
+    pub dir: PathBuf,
+    pub found: Vec<PathBuf>,
+}
+
+impl std::fmt::Display for SeveralProjectors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} holds several vision projectors ({}): name the one to use", self.dir.display(), names(&self.found))
+    }
+}
+
+impl std::error::Error for SeveralProjectors {}
 
 /// What `open` reads: the model's config, its weights and its tokenizer.
 pub struct Opened {

@@ -4,13 +4,15 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use candle_core::quantized::GgmlDType;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use safetensors::tensor::{Dtype as StDtype, SafeTensors};
 
-use super::{Expect, WeightSource};
+use super::{Expect, Mapped, WeightSource};
 
 /// The tensors of a safetensors file's bytes, checked to be complete and floating point;
 /// `file` names it in errors.
@@ -50,6 +52,8 @@ pub fn index_shards(files: &[PathBuf]) -> Result<HashMap<String, PathBuf>> {
 pub struct SafetensorsWeights {
     mmaped: MmapedSafetensors,
     names: String,
+    /// Every f32/f16/bf16 tensor where it lies in its shard's mapping.
+    views: HashMap<String, Mapped>,
 }
 
 impl SafetensorsWeights {
@@ -58,7 +62,24 @@ impl SafetensorsWeights {
         index_shards(files)?;
         // SAFETY: as above, the files are mapped read-only and not modified while mapped.
         let mmaped = unsafe { MmapedSafetensors::multi(files) }.context("mapping safetensors shards")?;
-        Ok(SafetensorsWeights { mmaped, names: super::file_names(files) })
+        let mut views = HashMap::new();
+        for f in files {
+            let file = std::fs::File::open(f).with_context(|| format!("cannot open weights {}", f.display()))?;
+            // SAFETY: as above.
+            let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", f.display()))?);
+            let st = SafeTensors::deserialize(&map).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+            for (name, view) in st.tensors() {
+                let dtype = match view.dtype() {
+                    StDtype::F32 => GgmlDType::F32,
+                    StDtype::F16 => GgmlDType::F16,
+                    StDtype::BF16 => GgmlDType::BF16,
+                    _ => continue,
+                };
+                let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
+                views.insert(name, Mapped::new(map.clone(), start, view.data().len(), dtype, view.shape().to_vec()));
+            }
+        }
+        Ok(SafetensorsWeights { mmaped, names: super::file_names(files), views })
     }
 }
 
@@ -69,6 +90,10 @@ impl WeightSource for SafetensorsWeights {
 
     fn contains(&self, name: &str) -> bool {
         self.mmaped.get(name).is_ok()
+    }
+
+    fn mapped(&self, name: &str) -> Option<Mapped> {
+        self.views.get(name).cloned()
     }
 
     fn tensor(&self, name: &str, _expect: Option<Expect>, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
