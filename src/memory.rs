@@ -100,6 +100,7 @@ pub struct Loading(());
 impl Loading {
     pub fn begin() -> Self {
         mallopt_pair(256 << 10, 1 << 20);
+        trim();
         Loading(())
     }
 }
@@ -107,6 +108,19 @@ impl Loading {
 impl Drop for Loading {
     fn drop(&mut self) {
         mallopt_pair(32 << 20, 128 << 20);
+        trim();
+    }
+}
+
+/// Gives the heap's free pages back to the system, wherever they lie (`malloc_trim`): parsing
+/// a GGUF header and rebuilding its tokenizer frees some 80 MiB of small allocations
+/// (measured with a 152k-token vocabulary) that would otherwise stay resident beside the
+/// weights.
+fn trim() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap memory to the system.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

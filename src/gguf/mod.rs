@@ -190,7 +190,7 @@ impl Preprocessing {
 
 /// Opens and checks a GGUF checkpoint.
 pub fn open(paths: &GgufPaths) -> Result<Opened> {
-    let text = GgufFile::open(&paths.text)?;
+    let mut text = GgufFile::open(&paths.text)?;
     let arch_name = text.architecture()?;
     let Some(arch) = names::Arch::parse(&arch_name) else {
         if arch_name == "clip" {
@@ -235,6 +235,11 @@ pub fn open(paths: &GgufPaths) -> Result<Opened> {
     let preprocessor = Preprocessing::read(dir, &mm)?;
     let quantized = [&text, &mm].iter().any(|f| f.header.tensors.values().any(|t| t.dtype.block_size() > 1));
     let format = Format::of(&text);
+    // The vocabulary's arrays (tens of MB of small strings for 150k-250k tokens) have been
+    // read into the tokenizer and the config; the weights source keeps the rest of the header.
+    for key in ["tokens", "merges", "token_type", "scores"] {
+        text.header.metadata.remove(&format!("tokenizer.ggml.{key}"));
+    }
     let weights = GgufWeights::new(text, Some(mm), arch, heads, deepstack);
     Ok(Opened { config, weights, tokenizer_json, tokenizer_origin, chat_template, preprocessor, quantized, format })
 }
