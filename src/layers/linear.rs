@@ -117,18 +117,27 @@ impl Linear {
         Ok(Linear { weight: Weight::Candle(QMatMul::from_arc(weight)?), bias })
     }
 
-    /// A layer whose weight the CPU kernels repack straight from the mapped file (then the
-    /// mapping's pages of it are released): blocks when a packed kernel runs their type, f32 or
-    /// bf16 when that is the compute `dtype` and its kernel runs here. `None`: no such kernel
-    /// (another device, another level); the caller loads a copy instead.
+    /// A layer whose weight goes straight from the mapped file to its home (the mapping's pages
+    /// of it released behind the copy): blocks repacked when a packed kernel runs their type;
+    /// a float weight stored in the compute `dtype` repacked when its kernel runs here, else
+    /// copied row-major onto huge pages. `None`: another device, blocks without a packed
+    /// kernel, or a float weight to convert; the caller loads a copy instead.
     pub fn from_mapped(m: &Mapped, dtype: DType, dev: &candle_core::Device, bias: Option<Tensor>) -> Option<Self> {
         let [n, k] = m.dims[..] else { return None };
         if !dev.is_cpu() {
             return None;
         }
+        // Dense weights no packed kernel takes here stay row-major, copied once onto huge pages.
+        fn dense<T: candle_core::WithDType>(m: &Mapped, n: usize, k: usize) -> Option<Weight> {
+            let t = Tensor::from_vec(crate::cpu::pages::huge_copy(m.values::<T>()?), (n, k), &candle_core::Device::Cpu).ok()?;
+            Some(Weight::Candle(QMatMul::Tensor(t)))
+        }
         let pack = || match m.dtype {
             GgmlDType::F32 if dtype == DType::F32 && crate::cpu::fp32::available() => Some(Weight::PackedF32(Arc::new(PackedF32::pack(m.values()?, n, k)))),
             GgmlDType::BF16 if dtype == DType::BF16 && crate::cpu::bf16::available() => Some(Weight::PackedBf16(Arc::new(PackedBf16::pack(m.values()?, n, k)))),
+            GgmlDType::F32 if dtype == DType::F32 => dense::<f32>(m, n, k),
+            GgmlDType::BF16 if dtype == DType::BF16 => dense::<half::bf16>(m, n, k),
+            GgmlDType::F16 if dtype == DType::F16 => dense::<half::f16>(m, n, k),
             _ if m.is_float() => None,
             t => pack_blocks(t, m.bytes(), n, k),
         };
