@@ -229,6 +229,7 @@ fn bad_gguf_files_are_named() {
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
     let e = load_err(&with_text(cut.clone()), &LoadOptions::default());
     assert!(e.contains("cut.gguf") && e.contains("truncated") && e.contains("tensor "), "{e}");
+    assert!(e.contains(&format!("it has {}", bytes.len() / 2)) && e.contains("should be at least"), "expected and actual sizes: {e}");
     // Cut inside the header.
     std::fs::write(&cut, &bytes[..100]).unwrap();
     let e = load_err(&with_text(cut), &LoadOptions::default());

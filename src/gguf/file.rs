@@ -273,7 +273,8 @@ fn tensor_info(name: &str, ne: &[u64], ty: u32, offset: u64, data_start: u64, al
     }
     let start = data_start.checked_add(offset).filter(|s| s.checked_add(len).is_some_and(|e| e <= file_len));
     let Some(start) = start else {
-        bail!("truncated: tensor {name} needs {len} bytes at offset {}, past the end of the file ({file_len} bytes)", data_start.saturating_add(offset));
+        let at = data_start.saturating_add(offset);
+        bail!("truncated: tensor {name} needs {len} bytes at offset {at}, so the file should be at least {} bytes, but it has {file_len} (an interrupted download?)", at.saturating_add(len));
     };
     // GGUF lists the fastest-varying dimension first; candle (and torch) list it last.
     let dims = ne.iter().rev().map(|&d| d as usize).collect();
