@@ -206,6 +206,15 @@ impl Drop for PeakSampler {
 mod tests {
     use super::*;
 
+    /// A load larger than the free memory is refused by name, with both sizes.
+    #[test]
+    fn a_load_that_does_not_fit_is_refused() {
+        let cost = LoadCost { text_bytes: 1 << 50, vision_bytes: 0, host_peak_bytes: (1 << 50) + (1 << 30) };
+        let e = check_load("big.gguf", cost, &candle_core::Device::Cpu).unwrap_err().to_string();
+        assert!(e.contains("big.gguf needs 1048577.00 GiB of host memory") && e.contains("is available"), "{e}");
+        assert!(check_load("small.gguf", LoadCost { text_bytes: 1 << 20, vision_bytes: 0, host_peak_bytes: 2 << 20 }, &candle_core::Device::Cpu).is_ok());
+    }
+
     #[test]
     fn sees_an_allocation_as_anonymous() {
         let s = PeakSampler::start(Duration::from_millis(1));

@@ -441,7 +441,6 @@ mod tests {
     /// weight gives nearly the same product. Seeded.
     #[test]
     fn dense_equals_candle_linear_and_q8_is_close() -> Result<()> {
-        let dev = Device::Cpu;
         use crate::testing::randn;
         let w = randn(1, (64, 32), 1.)?;
         let b = randn(2, 64, 1.)?;
