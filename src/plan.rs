@@ -80,14 +80,15 @@ pub struct Budget {
 }
 
 /// What loading takes when only the config is known: weights as `weight_bytes` says, the host
-/// passing one tensor at a time, the largest being the vocabulary × hidden table (in flight
-/// in f32 while in-situ quantization makes its blocks, else in the checkpoint's 2-byte dtype
-/// and the compute dtype).
+/// passing one tensor at a time, the largest being the vocabulary × hidden table: in-situ
+/// quantization makes its blocks from the file a band of rows at a time (the blocks gathered,
+/// then copied into the quantized tensor), else it is in flight in the checkpoint's 2-byte
+/// dtype and the compute dtype.
 pub fn config_load_cost(p: &ParamCounts, spec: &ModelSpec, prec: Precision, gpu: bool) -> LoadCost {
     let (text, vision) = weight_bytes(p, spec, prec);
     let largest = (spec.vocab_size * spec.hidden_size) as f64;
     let in_flight = match prec.quant {
-        Some(q) => largest * (2.0 + 4.0 + q.bits_per_weight() / 8.0),
+        Some(q) => largest * q.bits_per_weight() / 8.0 * 2.0 + crate::cpu::pages::BAND_BYTES as f64,
         None => largest * (2.0 + prec.dense_bytes),
     } as u64;
     let resident = if gpu { 0 } else { text + vision };

@@ -195,9 +195,13 @@ fn bench_agents_takes_qwen3_vl_configs() {
 
 /// The paper's setting: Qwen3.5-27B on one 24 GiB card fed by a 32 GiB host. At q4k it holds
 /// 8 dialogues of 4k tokens (weights, K/V of the 16 attention layers, the 48 Gated DeltaNet
-/// states each) and the host can load it; in bf16 the weights alone exceed the card. The same
-/// as one 24 GiB memory (a CPU) does not fit: the weights and the in-flight copy of the
-/// 248k-row head being quantized exceed it while loading. Nor does an 8 GiB host.
+/// states each) and the host can load it (the 248k-row head is quantized a band of rows at a
+/// time); in bf16 the weights alone exceed the card. As one 24 GiB memory (a CPU) it fits too;
+/// a 1 GiB host cannot pass its largest tensor through.
+fn weights_of(plan: &serde_json::Value) -> u64 {
+    plan["text_weight_bytes"].as_u64().unwrap() + plan["vision_weight_bytes"].as_u64().unwrap()
+}
+
 #[test]
 fn plan_fits_qwen3_5_27b_at_q4k_in_24_gib_but_not_bf16() {
     let cfg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/qwen3.5-27b.json");
@@ -213,12 +217,14 @@ fn plan_fits_qwen3_5_27b_at_q4k_in_24_gib_but_not_bf16() {
     assert_eq!((q4k["fits"].as_bool(), q4k["host_fits"].as_bool()), (Some(true), Some(true)));
     assert!(q4k["host_load_peak_bytes"].as_u64().unwrap() < 32 << 30);
     let one = run(&["--quant", "q4k"]);
-    assert_eq!((one["fits"].as_bool(), one["host_fits"].as_bool(), one["dialogues_that_fit"].as_u64()), (Some(false), Some(false), Some(14)), "{one}");
-    let small_host = run(&["--quant", "q4k", "--host-memory", "8GiB"]);
+    assert_eq!((one["fits"].as_bool(), one["host_fits"].as_bool()), (Some(true), Some(true)), "{one}");
+    let peak = one["host_load_peak_bytes"].as_u64().unwrap();
+    assert!(peak > weights_of(&one) && peak < weights_of(&one) + (2 << 30), "weights + one head's blocks in flight: {one}");
+    let small_host = run(&["--quant", "q4k", "--host-memory", "1GiB"]);
     assert_eq!((small_host["fits"].as_bool(), small_host["host_fits"].as_bool()), (Some(false), Some(false)), "{small_host}");
     assert_eq!(q4k["kv_bytes_per_token"], 2 * 16 * 4 * 256 * 2, "K+V, 16 attention layers, 4 kv heads of 256, bf16");
     assert_eq!(q4k["state_bytes_per_sequence"], 48 * 4 * (3 * (2 * 16 * 128 + 48 * 128) + 48 * 128 * 128), "48 linear layers: conv window + delta-rule state, f32");
-    let weights = q4k["text_weight_bytes"].as_u64().unwrap() + q4k["vision_weight_bytes"].as_u64().unwrap();
+    let weights = weights_of(&q4k);
     assert!((15u64 << 30..19u64 << 30).contains(&weights), "a Q4_K_M-sized 27B: {weights}");
     let bf16 = run(&["--host-memory", "32GiB"]);
     assert_eq!(bf16["fits"], false);

@@ -128,8 +128,13 @@ impl WeightSource for QuantizingSource {
             self.stats.dense.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        // One f32 copy of this tensor at a time, on the host, where candle quantizes.
-        let q = self.inner.tensor(name, expect, DType::F32, &Device::Cpu).and_then(|t| QTensor::quantize_onto(&t, format, dev));
+        // From the file a band of rows at a time where the source maps it as stored; else one
+        // f32 copy of this tensor at a time, on the host, where candle quantizes.
+        let stored = self.inner.mapped(name).filter(|m| m.is_float() && m.dims.len() == 2 && expect.is_none_or(|e| e.shape.dims() == m.dims));
+        let q = match stored {
+            Some(m) => m.quantize(format, dev),
+            None => self.inner.tensor(name, expect, DType::F32, &Device::Cpu).and_then(|t| QTensor::quantize_onto(&t, format, dev)),
+        };
         Some(self.count(q))
     }
 
