@@ -368,3 +368,31 @@ fn qwen3_vl_paged_engine_matches_reference_and_prefix_cache_changes_nothing() {
         assert!(again.cached_tokens + 16 >= again.prompt_tokens, "{family}: repeat served from cache: {again:?}");
     }
 }
+
+/// Four requests that share a long prefix, submitted together: the first computes the shared
+/// blocks and the other three wait a step for them and take them from the cache, instead of
+/// all four computing them at once. Their tokens equal the same requests run with the cache off.
+#[test]
+fn concurrent_requests_share_a_prefix_in_flight() {
+    let shared = "You are one of five agents answering a dialogue with empathy. ".repeat(12);
+    let reqs = || -> Vec<ChatRequest> {
+        TEXTS[..4]
+            .iter()
+            .map(|t| ChatRequest { messages: vec![Message::new("user", vec![ContentPart::Text(format!("{shared}\nRachel: {t}"))])], media: vec![], sampling: greedy(4), schema: None, constraint: None })
+            .collect()
+    };
+    let mut on = engine("qwen2_5_vl", 256, true);
+    let mut off = engine("qwen2_5_vl", 256, false);
+    let a = on.run_all(reqs());
+    assert_eq!(tokens(&a), tokens(&off.run_all(reqs())));
+    let first = a[0].as_ref().unwrap();
+    assert_eq!(first.cached_tokens, 0);
+    // The shared text (~130 tokens with the template) ends mid-block; the full blocks before
+    // it are served to the other three.
+    for c in &a[1..] {
+        let c = c.as_ref().unwrap();
+        assert!(c.cached_tokens >= 7 * 16, "served from the blocks the first request computed: {} of {}", c.cached_tokens, c.prompt_tokens);
+    }
+    let s = on.stats();
+    assert_eq!(s.prefix.cached_tokens + s.prefix.computed_tokens, s.prefix.prompt_tokens);
+}

@@ -1,9 +1,9 @@
 //! `StepCache` over the shared pool for one packed step of many sequences. The step's tokens
 //! are concatenated (`[T_total, ...]`); each sequence owns a contiguous run of them.
 //! Attention layers: every sequence's new K/V is written to its slots first (one scatter for
-//! the whole step); a step of one token per sequence (decode) then attends on the CPU with
-//! `cpu::attention`, reading each sequence's slots in place; otherwise (prefill chunks, other
-//! devices) each sequence attends over the gather of all its slots. Recurrent
+//! the whole step); every one-token run (decode) then attends on the CPU with
+//! `cpu::attention`, reading its slots in place, and every other run (prefill chunks; every run
+//! on other devices) attends over the gather of all its slots. Recurrent
 //! layers: each sequence's own fixed-size state, taken from the sequence for the step.
 
 use candle_core::{Result, Tensor};
@@ -44,17 +44,37 @@ impl StepCache for PagedStep<'_> {
 
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
         self.pool.write(layer, &self.write_index, k, v).map_err(candle_core::Error::wrap)?;
-        if self.runs.iter().all(|r| r.len == 1) {
+        // Every one-token run goes through the decode kernel, whatever else shares the step: a
+        // sequence's token is then computed the same way whether or not another sequence's
+        // prefill chunk is in its step (the two kernels round differently in bf16, and which
+        // steps mix depends on the scheduler, e.g. on prefix sharing).
+        let one: Vec<usize> = (0..self.runs.len()).filter(|&i| self.runs[i].len == 1).collect();
+        let mut decoded = None;
+        if !one.is_empty() {
             let (kp, vp, kv_heads) = self.pool.layer(layer).map_err(candle_core::Error::wrap)?;
-            let queries: Vec<_> = self.runs.iter().map(|r| crate::cpu::attention::Query { slots: &r.slots }).collect();
-            if let Some(out) = crate::cpu::attention::decode(q, kp, vp, kv_heads, &queries, scale as f32)? {
-                return Ok(out);
+            let queries: Vec<_> = one.iter().map(|&i| crate::cpu::attention::Query { slots: &self.runs[i].slots }).collect();
+            let qd = match one.len() == self.runs.len() {
+                true => q.clone(),
+                false => q.index_select(&Tensor::new(one.iter().map(|&i| self.runs[i].start as u32).collect::<Vec<_>>(), q.device())?, 0)?,
+            };
+            decoded = crate::cpu::attention::decode(&qd, kp, vp, kv_heads, &queries, scale as f32)?;
+            if let (Some(out), true) = (&decoded, one.len() == self.runs.len()) {
+                return Ok(out.clone());
             }
         }
         let mut outs = Vec::with_capacity(self.runs.len());
+        let mut next_one = 0;
         for r in &self.runs {
-            let (kc, vc) = self.pool.gather(layer, &r.context_slots).map_err(candle_core::Error::wrap)?;
-            outs.push(causal_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, scale)?);
+            match &decoded {
+                Some(d) if r.len == 1 => {
+                    outs.push(d.narrow(0, next_one, 1)?);
+                    next_one += 1;
+                }
+                _ => {
+                    let (kc, vc) = self.pool.gather(layer, &r.context_slots).map_err(candle_core::Error::wrap)?;
+                    outs.push(causal_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, scale)?);
+                }
+            }
         }
         Tensor::cat(&outs, 0)
     }

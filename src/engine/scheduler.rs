@@ -1,7 +1,9 @@
 //! Continuous batching. Each step packs decode tokens of running sequences and (chunked)
 //! prefill of new ones under a token budget. When the pool runs dry the newest running
 //! sequence is preempted (blocks freed, recomputed later, helped by the prefix cache).
-//! Oldest-first service and FIFO admission mean no sequence starves.
+//! Oldest-first service and FIFO admission mean no sequence starves; a waiting sequence whose
+//! next prompt blocks a running one is computing waits for them, and only as long as that
+//! sequence runs.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -92,30 +94,35 @@ impl Scheduler {
                 continue; // this one went back to waiting; i now points past the end
             }
         }
-        // 2. Admit waiting sequences in FIFO order while budget, seats and blocks allow.
+        // 2. Admit waiting sequences in FIFO order while budget, seats and blocks allow. One
+        //    whose next blocks a running sequence is computing waits for them (see
+        //    `in_flight`); those behind it go on.
+        let mut w = 0;
         while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            let Some(&id) = self.waiting.front() else { break };
-            let seq = seqs.get_mut(&id).expect("waiting sequence exists");
+            let Some(&id) = self.waiting.get(w) else { break };
+            let seq = seqs.get(&id).expect("waiting sequence exists");
             let extra = seq.extra_keys();
+            let cached = bm.cached_prefix(&seq.tokens, &extra);
             // Hybrid models resume only where a recurrent-state snapshot exists.
-            let (cached, resume) = match states.as_deref() {
-                Some(st) => {
-                    let cached = bm.cached_prefix(&seq.tokens, &extra);
-                    let k = (1..=cached.len()).rev().find(|&k| st.contains(cached[k - 1])).unwrap_or(0);
-                    (cached, k)
-                }
-                None => (vec![], usize::MAX),
+            let resume = match states.as_deref() {
+                Some(st) => (1..=cached.len()).rev().find(|&k| st.contains(cached[k - 1])).unwrap_or(0),
+                None => usize::MAX,
             };
+            if in_flight(seq, cached.len().min(resume), &self.running, seqs, bm, states.is_some()) {
+                w += 1;
+                continue;
+            }
+            let seq = seqs.get_mut(&id).expect("waiting sequence exists");
             let Some(alloc) = bm.allocate_capped(&seq.tokens, &extra, resume) else {
                 if self.running.is_empty() && chunks.is_empty() {
                     // Nothing else holds blocks: this sequence can never fit.
-                    self.waiting.pop_front();
+                    self.waiting.remove(w);
                     overflow.push(id);
                     continue;
                 }
                 break;
             };
-            self.waiting.pop_front();
+            self.waiting.remove(w);
             seq.table = alloc.table;
             seq.num_computed = alloc.num_cached_tokens;
             if let Some(st) = states.as_deref_mut() {
@@ -152,6 +159,30 @@ impl Scheduler {
         self.running.retain(|&s| s != id);
         self.waiting.push_front(id);
     }
+}
+
+/// Whether a running sequence is computing the blocks `seq` needs next (its first `from`
+/// blocks are cached): admitted now, `seq` would compute them a second time in the same step;
+/// a step or so later it finds them in the cache (SGLang and vLLM schedule around prefixes in
+/// flight for the same reason). A hybrid model resumes only at a recurrent-state snapshot, so
+/// there the running sequence must also snapshot inside the shared blocks. Only full blocks of
+/// `seq`'s prompt count, as `BlockManager::allocate` reuses them.
+fn in_flight(seq: &Sequence, from: usize, running: &[SeqId], seqs: &HashMap<SeqId, Sequence>, bm: &BlockManager, hybrid: bool) -> bool {
+    let bs = bm.block_size();
+    let reusable = seq.tokens.len().saturating_sub(1) / bs;
+    if !bm.prefix_caching() || from >= reusable {
+        return false;
+    }
+    let mine = bm.block_hashes(&seq.tokens[..reusable * bs], &seq.extra_keys());
+    running.iter().filter_map(|id| seqs.get(id)).any(|r| {
+        let theirs_len = r.prompt_len.min(r.tokens.len()) / bs;
+        if r.num_computed >= (from + 1) * bs || theirs_len <= from {
+            return false;
+        }
+        let theirs = bm.block_hashes(&r.tokens[..theirs_len.min(reusable) * bs], &r.extra_keys());
+        let shared = mine.iter().zip(&theirs).take_while(|(a, b)| a == b).count();
+        shared > from && (!hybrid || r.snap_at.iter().any(|&p| p > from * bs && p <= shared * bs))
+    })
 }
 
 /// Where a hybrid sequence's recurrent state is worth keeping: the end of the shared prefix
