@@ -580,3 +580,20 @@ fn several_projectors_are_named_and_one_can_be_picked() {
     let o = plan(&["--mmproj", b.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// `merg bench-agents` runs the five-agent workload on llama.cpp's files as they are (the
+/// paper's format) and with in-situ quantization of an F32 file; the prefix cache serves the
+/// shared prompt parts either way.
+#[test]
+fn bench_agents_runs_on_gguf_files() {
+    for (kind, extra) in [("q8_0", &[][..]), ("f32", &["--quant", "q8_0"][..])] {
+        let paths = gguf("qwen2_5-vl", kind);
+        let mut args = vec!["bench-agents", "--model", paths.text.to_str().unwrap(), "--dialogues", "1", "--new-tokens", "2", "--keyframes", "1", "--keyframe-size", "56", "--repeats", "1"];
+        args.extend_from_slice(extra);
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_merg")).args(&args).env("HF_HUB_OFFLINE", "1").output().unwrap();
+        assert!(o.status.success(), "{kind}: {}", String::from_utf8_lossy(&o.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(r["cache_hit_fraction"].as_f64().unwrap() > 0.3, "{kind}: {r}");
+        assert_eq!(r["with_cache"]["requests"], r["without_cache"]["requests"], "{kind}");
+    }
+}

@@ -71,9 +71,20 @@ pub struct BenchAgentsArgs {
     /// ../shared/data /qwen2-tokenizer/tokenizer.json).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// A real checkpoint directory instead (its own weights and tokenizer).
+    /// A real model instead (its own weights and tokenizer), in any form `--model` takes
+    /// elsewhere: a checkpoint directory, a hub repo, or a llama.cpp GGUF file.
     #[arg(long, conflicts_with_all = ["config", "tokenizer"])]
     model: Option<String>,
+    /// The vision projector of a GGUF model, when it is not beside it.
+    #[arg(long, requires = "model")]
+    mmproj: Option<PathBuf>,
+    /// Quantize the decoder's linear weights while loading (q8_0, q6k, q5k, q4k), as on
+    /// every command that loads a model.
+    #[arg(long)]
+    quant: Option<String>,
+    /// With --quant, the vision tower too.
+    #[arg(long, requires = "quant")]
+    quant_vision: bool,
     #[arg(long, default_value_t = 8)]
     dialogues: usize,
     #[arg(long, default_value_t = 24)]
@@ -398,11 +409,11 @@ pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
             })),
         })
         .collect::<Result<_>>()?;
+    let quant = a.quant.as_deref().map(merg::weights::Quant::parse).transpose().map_err(|e| anyhow::anyhow!("--quant: {e:#}"))?;
     let make: Box<dyn Fn() -> Result<Checkpoint>> = match &a.model {
         Some(m) => {
-            let m = m.clone();
-            let device = device.clone();
-            Box::new(move || Checkpoint::load(merg::hub::resolve(&m, None)?, &device, dtype))
+            let args = super::ModelArgs { model: m.clone(), mmproj: a.mmproj.clone(), revision: None, device: a.device.clone(), dtype: a.dtype.clone(), quant: a.quant.clone(), quant_vision: a.quant_vision };
+            Box::new(move || super::load_checkpoint(&args))
         }
         None => {
             let tok = a.tokenizer.clone().or_else(default_tokenizer).context(
@@ -410,12 +421,12 @@ pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
             )?;
             let config = a.config.clone();
             let device = device.clone();
+            let quant_vision = a.quant_vision;
             Box::new(move || {
-                let dtype = dtype.unwrap_or_else(|| merg::weights::default_dtype(&device));
                 let model_type = merg::models::registry::model_type(&merg::models::registry::read_config(&config)?)?.to_string();
                 let template = merg::chat::default_chat_template(&model_type);
                 let tokenizer = merg::tokenizer::ChatTokenizer::from_files(&tok, Some(template.to_string()))?;
-                Checkpoint::dummy(&config, tokenizer, &device, dtype)
+                Checkpoint::dummy_with(&config, tokenizer, &device, &merg::checkpoint::LoadOptions { dtype, quant, quant_vision })
             })
         }
     };

@@ -60,7 +60,7 @@ impl EngineArgs {
     }
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct ModelArgs {
     /// Hugging Face repo id (uses the hub cache; HF_HOME / HF_HUB_OFFLINE=1 honoured), a local
     /// directory, or a llama.cpp GGUF file (or a directory of them, with its mmproj-*.gguf).
