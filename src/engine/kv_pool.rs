@@ -87,7 +87,7 @@ pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype
     let per = bytes_per_block(spec, block_size, dtype).max(1);
     let n = match mem {
         KvMemory::Auto => {
-            let avail = crate::checkpoint::available_memory(device)?;
+            let avail = crate::memory::available_memory(device)?;
             let per_token = per / block_size as u64;
             let bytes = crate::plan::auto_kv_bytes(avail, crate::plan::DEFAULT_RESERVE, per_token, max_tokens, spec.has_recurrent_layers());
             if bytes < per {
@@ -101,14 +101,14 @@ pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype
         }
         KvMemory::Blocks(n) => *n,
         KvMemory::Bytes(b) => (*b / per) as usize,
-        KvMemory::Fraction(f) => ((crate::checkpoint::available_memory(device)? as f64 * f) as u64 / per) as usize,
+        KvMemory::Fraction(f) => ((crate::memory::available_memory(device)? as f64 * f) as u64 / per) as usize,
     };
     if n == 0 {
         bail!("KV memory {mem:?} holds no block of {block_size} tokens ({per} bytes each)");
     }
     // Checked before allocating: a failed allocation aborts the process instead of erroring.
     let want = (n as u64).saturating_mul(per);
-    let avail = crate::checkpoint::available_memory(device)?;
+    let avail = crate::memory::available_memory(device)?;
     if want > avail {
         bail!(
             "the KV pool would take {:.1} GiB ({n} blocks of {per} bytes) but the device has {:.1} GiB available; ask for less KV memory",

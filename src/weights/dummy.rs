@@ -36,7 +36,7 @@ impl WeightSource for DummyWeights {
         };
         // f32 first, then the target dtype: both exist for a moment.
         let bytes = (shape.elem_count() as u64).saturating_mul(4 + dtype.size_in_bytes() as u64);
-        let avail = crate::checkpoint::available_memory(dev).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let avail = crate::memory::available_memory(dev).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         if bytes > avail {
             candle_core::bail!(
                 "dummy weights need more than the {:.1} GiB available on the device (at tensor {name} {shape:?}); the config's sizes are too large for this machine",

@@ -115,16 +115,20 @@ impl Mapped {
         let (Some(dt), &[rows, k]) = (float_dtype(self.dtype), &self.dims[..]) else {
             candle_core::bail!("only a 2-D float tensor is quantized from the file, not {:?} {:?}", self.dtype, self.dims);
         };
-        let band = (crate::cpu::pages::BAND_BYTES / (k * 4).max(1)).max(1);
-        let rb = self.row_bytes();
-        let mut out = Vec::with_capacity(rows * k / format.block_size() * format.type_size());
-        for r0 in (0..rows).step_by(band) {
-            let n = band.min(rows - r0);
+        use rayon::prelude::*;
+        // Bands of whole blocks' rows, quantized on all threads (candle's quantizer is serial)
+        // straight into their place in the output.
+        let band = (crate::cpu::pages::BAND_BYTES / 4 / (k * 4).max(1)).max(1);
+        let (rb, qb) = (self.row_bytes(), k / format.block_size() * format.type_size());
+        let mut out = vec![0u8; rows * qb];
+        out.par_chunks_mut(band * qb).enumerate().try_for_each(|(i, dst)| -> Result<()> {
+            let (r0, n) = (i * band, dst.len() / qb);
             let bytes = &self.bytes()[r0 * rb..(r0 + n) * rb];
             let t = Tensor::from_raw_buffer(bytes, dt, &[n, k], &Device::Cpu)?.to_dtype(DType::F32)?;
-            out.extend_from_slice(&QTensor::quantize(&t, format)?.data()?);
+            dst.copy_from_slice(&QTensor::quantize(&t, format)?.data()?);
             crate::cpu::pages::release(bytes);
-        }
+            Ok(())
+        })?;
         ggml_file::qtensor_from_ggml(format, &out, self.dims.clone(), dev)
     }
 
