@@ -83,6 +83,19 @@ pub fn check_load(what: &str, cost: LoadCost, device: &candle_core::Device) -> a
     Ok(())
 }
 
+/// Memory kept back from the K/V cache for activations, workspace and the runtime.
+pub const DEFAULT_RESERVE: u64 = 3 << 29;
+
+/// The K/V cache a loaded model gets by default: what is `available` after loading, less
+/// `reserve`, less the recurrent states' share for hybrid models (the engine gives states a
+/// quarter of the pool's size, so the pool takes four fifths), and never more than
+/// `max_tokens` tokens (more could never be used).
+pub fn auto_kv_bytes(available: u64, reserve: u64, kv_per_token: u64, max_tokens: u64, hybrid: bool) -> u64 {
+    let usable = available.saturating_sub(reserve);
+    let share = if hybrid { usable / 5 * 4 } else { usable };
+    share.min(kv_per_token.saturating_mul(max_tokens))
+}
+
 /// Allocator tuning while a model loads, restored to run-time tuning when dropped.
 ///
 /// glibc raises its mmap threshold after each large free (up to 32 MiB), so the tensors a load

@@ -1,11 +1,11 @@
 //! Memory planning from a config alone: what the weights, the vision tower, each token's K/V
 //! and each sequence's recurrent state take, and how many dialogues of a given context fit
 //! in a memory budget. `merg plan` prints it; the engine's own sizes use the same formulas
-//! (`kv_pool::bytes_per_block`, `engine::state_bytes_per_seq`).
+//! (`kv_pool::bytes_per_block`, `models::cost::state_bytes_per_seq`, `memory::auto_kv_bytes`).
 
 use serde::Serialize;
 
-use crate::engine::engine::state_bytes_per_seq;
+use crate::models::cost::state_bytes_per_seq;
 use crate::memory::{LoadCost, RUNTIME_BYTES};
 use crate::models::{ModelSpec, ParamCounts};
 use crate::weights::Quant;
@@ -137,18 +137,7 @@ pub fn plan_with_load(p: &ParamCounts, spec: &ModelSpec, prec: Precision, load: 
     }
 }
 
-/// Memory kept back from the K/V cache for activations, workspace and the runtime.
-pub const DEFAULT_RESERVE: u64 = 3 << 29;
-
-/// The K/V cache a loaded model gets by default: what is `available` after loading, less
-/// `reserve`, less the recurrent states' share for hybrid models (the engine gives states a
-/// quarter of the pool's size, so the pool takes four fifths), and never more than
-/// `max_tokens` tokens (more could never be used).
-pub fn auto_kv_bytes(available: u64, reserve: u64, kv_per_token: u64, max_tokens: u64, hybrid: bool) -> u64 {
-    let usable = available.saturating_sub(reserve);
-    let share = if hybrid { usable / 5 * 4 } else { usable };
-    share.min(kv_per_token.saturating_mul(max_tokens))
-}
+pub use crate::memory::{auto_kv_bytes, DEFAULT_RESERVE};
 
 /// GiB with two decimals.
 pub fn gib(b: u64) -> String {

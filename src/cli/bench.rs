@@ -316,7 +316,7 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     let facts = weight_facts(gguf.as_ref(), quant.is_some(), &ledger, &params, device.is_cpu());
     print_facts(&weights_name, &facts);
     // The linear-weight count and FLOPs from the config; the bytes as the model holds them.
-    let mut cost = merg::cpu::roofline::TokenCost::of(&params, &spec, dtype.size_in_bytes() as f64, dtype.size_in_bytes() as f64);
+    let mut cost = merg::models::cost::TokenCost::of(&params, &spec, dtype.size_in_bytes() as f64, dtype.size_in_bytes() as f64);
     cost.weight_bytes = facts["decode_weight_bytes_per_token"].as_f64().unwrap_or(0.0);
     let mid_context = (ids.len() + a.decode_tokens / 2) as f64;
     let batched = batched_runs(a, model, &config, &weights_name)?;

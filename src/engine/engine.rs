@@ -497,16 +497,7 @@ fn ids_after_last_media(ids: &[u32], spec: &crate::models::ModelSpec) -> Option<
     ids.iter().rposition(|&t| t == spec.special.vision_end).map(|i| i + 1)
 }
 
-/// Bytes one sequence's recurrent states take (f32).
-pub fn state_bytes_per_seq(spec: &crate::models::ModelSpec) -> u64 {
-    spec.layers
-        .iter()
-        .map(|k| match k {
-            crate::models::LayerKind::Recurrent { conv_shape, state_shape } => (conv_shape.iter().product::<usize>() + state_shape.iter().product::<usize>()) as u64 * 4,
-            crate::models::LayerKind::Attention => 0,
-        })
-        .sum()
-}
+pub use crate::models::cost::state_bytes_per_seq;
 
 /// Hybrid models: the snapshot cache and the scheduler limited to the state slots that fit.
 fn state_budget(cfg: &EngineConfig, spec: &crate::models::ModelSpec, kv_bytes: u64) -> anyhow::Result<(Option<StateCache>, crate::engine::SchedulerConfig)> {

@@ -24,7 +24,7 @@ pub struct KvPool {
 /// How much memory the pool may take.
 #[derive(Clone, Debug, PartialEq)]
 pub enum KvMemory {
-    /// The memory plan's share (`plan::auto_kv_bytes`): what the loaded model leaves free,
+    /// The memory plan's share (`memory::auto_kv_bytes`): what the loaded model leaves free,
     /// less a reserve and the recurrent states, capped at what the scheduler can ever use.
     Auto,
     Bytes(u64),
@@ -89,12 +89,12 @@ pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype
         KvMemory::Auto => {
             let avail = crate::memory::available_memory(device)?;
             let per_token = per / block_size as u64;
-            let bytes = crate::plan::auto_kv_bytes(avail, crate::plan::DEFAULT_RESERVE, per_token, max_tokens, spec.has_recurrent_layers());
+            let bytes = crate::memory::auto_kv_bytes(avail, crate::memory::DEFAULT_RESERVE, per_token, max_tokens, spec.has_recurrent_layers());
             if bytes < per {
                 bail!(
                     "after the model, {:.2} GiB are available; less a {:.1} GiB reserve nothing is left for the KV cache — free memory, or give the KV memory explicitly",
                     avail as f64 / (1u64 << 30) as f64,
-                    crate::plan::DEFAULT_RESERVE as f64 / (1u64 << 30) as f64
+                    crate::memory::DEFAULT_RESERVE as f64 / (1u64 << 30) as f64
                 );
             }
             ((bytes / per) as usize).max(1)

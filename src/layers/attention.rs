@@ -4,7 +4,7 @@
 use candle_core::{DType, Device, Module, Result, Tensor};
 
 use super::{linear, Fused, Linear, Norm, Rotary};
-use crate::models::cache::StepCache;
+use super::step_cache::StepCache;
 use crate::weights::Weights;
 
 /// Decoder self-attention: q/k/v projections, rotary, the step cache's causal attention over

@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 use super::delta_rule::{self, Dims, Inputs};
 use super::norm::GatedRmsNorm;
 use super::{linear, Linear};
-use crate::models::cache::StepCache;
+use super::step_cache::StepCache;
 use crate::weights::Weights;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,6 +9,7 @@
 //! - `moe`: sparse mixture-of-experts feed-forward (top-k routing);
 //! - `delta_net`, `delta_rule`: Gated DeltaNet (Qwen3.5's linear attention) and its gated
 //!   delta rule, chunked and recurrent;
+//! - `step_cache`: the `StepCache` seam layers call for K/V and recurrent state;
 //! - `vision`: the ViT block, patch embedding and 2-D rotary of every Qwen vision tower.
 
 pub mod attention;
@@ -20,6 +21,7 @@ pub mod mlp;
 pub mod moe;
 pub mod norm;
 pub mod rotary;
+pub mod step_cache;
 pub mod vision;
 
 use candle_core::{Result, Tensor, D};

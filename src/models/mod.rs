@@ -4,6 +4,7 @@
 //! `model_type`. Shared blocks are in `crate::layers`, weight sources in `crate::weights`.
 
 pub mod cache;
+pub mod cost;
 pub mod decoder;
 pub mod media;
 pub mod position;
