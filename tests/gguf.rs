@@ -100,7 +100,7 @@ fn f32_gguf_is_the_safetensors_model() {
             eprintln!("{family}: {} tokens, max |Δlogit| {d:e} (scale {scale:.2})", ia.len());
             assert!(d <= 1e-5 * scale.max(1.0), "{family}: GGUF F32 logits differ by {d}");
         }
-        assert_eq!(names.len() > 20, true);
+        assert!(names.len() > 20);
     }
 }
 

@@ -48,7 +48,7 @@ impl PackedQ4K {
     /// or `blocks` is shorter than the shape says.
     pub fn pack(blocks: &[u8], n: usize, k: usize) -> Option<PackedQ4K> {
         let nb = k / BLOCK;
-        if k == 0 || k % BLOCK != 0 || blocks.len() < n * nb * BLOCK_BYTES {
+        if k == 0 || !k.is_multiple_of(BLOCK) || blocks.len() < n * nb * BLOCK_BYTES {
             return None;
         }
         Some(PackedQ4K(Panels::new(n, k, nb * LINES, Line([0; 64]), |p, l| {

@@ -41,7 +41,7 @@ impl PackedQ8 {
     /// or `blocks` is shorter than the shape says.
     pub fn pack(blocks: &[u8], n: usize, k: usize) -> Option<PackedQ8> {
         let nb = k / BLOCK;
-        if k == 0 || k % BLOCK != 0 || blocks.len() < n * nb * BLOCK_BYTES {
+        if k == 0 || !k.is_multiple_of(BLOCK) || blocks.len() < n * nb * BLOCK_BYTES {
             return None;
         }
         // 0x80 is a zero weight once offset; padding rows have zero scales as well.

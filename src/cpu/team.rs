@@ -140,7 +140,7 @@ impl Team {
         let mut spins = 0u32;
         while self.done.load(Acquire) < tasks {
             spins += 1;
-            if spins % 1024 == 0 {
+            if spins.is_multiple_of(1024) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -180,7 +180,7 @@ impl Team {
                     break;
                 }
                 spins = spins.wrapping_add(1);
-                if spins % 64 != 0 {
+                if !spins.is_multiple_of(64) {
                     std::hint::spin_loop();
                     continue;
                 }

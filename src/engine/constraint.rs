@@ -86,7 +86,7 @@ impl ConstraintFactory {
                 path.display()
             );
         }
-        if !byte_tok.token_bytes()[stop_token as usize].first().is_some_and(|&b| b == 0xFF) {
+        if byte_tok.token_bytes()[stop_token as usize].first().is_none_or(|&b| b != 0xFF) {
             // A plain-text stop token could be produced by the grammar itself (e.g. inside a
             // string), which would make "the output ended" ambiguous.
             bail!("stop token {stop_token} is not a special token in {}", path.display());

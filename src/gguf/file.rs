@@ -172,7 +172,7 @@ impl<'a> Cursor<'a> {
                 let min = match elem {
                     0 | 1 | 7 => 1,
                     2 | 3 => 2,
-                    4 | 5 | 6 => 4,
+                    4..=6 => 4,
                     8 | 10 | 11 | 12 => 8,
                     9 => 12,
                     t => bail!("{what}: unknown array element type {t}"),
@@ -264,11 +264,11 @@ fn tensor_info(name: &str, ne: &[u64], ty: u32, offset: u64, data_start: u64, al
     let elems = ne.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).filter(|&n| n > 0 && n < (1 << 48));
     let Some(elems) = elems else { bail!("tensor {name} has an impossible shape {ne:?}") };
     let block = dtype.block_size() as u64;
-    if ne[0] % block != 0 {
+    if !ne[0].is_multiple_of(block) {
         bail!("tensor {name}: rows of {} values are not whole {} blocks of {block}", ne[0], ggml_type_name(ty));
     }
     let len = elems / block * dtype.type_size() as u64;
-    if offset % alignment != 0 {
+    if !offset.is_multiple_of(alignment) {
         bail!("tensor {name}: data offset {offset} is not aligned to {alignment}");
     }
     let start = data_start.checked_add(offset).filter(|s| s.checked_add(len).is_some_and(|e| e <= file_len));

@@ -192,7 +192,7 @@ fn locate_layer(i: usize, leaf: &str, arch: Arch, h: Heads) -> Option<Located> {
 /// Qwen3.5's Gated DeltaNet tensors (`linear_attn.*`).
 fn locate_linear_attn(i: usize, stem: &str, suffix: &str, h: Heads) -> Option<Located> {
     let blk = |s: &str| format!("blk.{i}.{s}");
-    let per_key = if h.key_heads == 0 { 1 } else { h.value_heads / h.key_heads };
+    let per_key = h.value_heads.checked_div(h.key_heads).unwrap_or(1);
     let untile = |dim, skip, head| (per_key > 1).then_some(Untile { dim, skip, key_heads: h.key_heads, per_key, head });
     let (stored, untile, value, unsqueeze1) = match (stem, suffix) {
         ("linear_attn.in_proj_qkv", _) => ("attn_qkv.weight".to_string(), untile(0, 2 * h.key_heads * h.key_dim, h.value_dim), None, false),

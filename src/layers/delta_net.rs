@@ -58,7 +58,7 @@ pub struct GatedDeltaNet {
 impl GatedDeltaNet {
     pub fn new(s: DeltaNetShape, eps: f64, w: Weights) -> Result<Self> {
         let d = s.dims;
-        if d.k_heads == 0 || d.v_heads % d.k_heads != 0 || s.conv_kernel < 2 {
+        if d.k_heads == 0 || !d.v_heads.is_multiple_of(d.k_heads) || s.conv_kernel < 2 {
             candle_core::bail!(
                 "linear attention: {} value heads must be a multiple of {} key heads, and the conv kernel ({}) at least 2",
                 d.v_heads,

@@ -428,7 +428,7 @@ impl EncoderCheckpoint {
         let path = self.files.tokenizer_config.as_ref()?;
         let v: serde_json::Value = serde_json::from_str(&crate::input::read_string(path, &crate::input::CONFIG).ok()?).ok()?;
         // transformers writes 1e30 for "no limit".
-        v.get("model_max_length")?.as_f64().filter(|&n| n >= 1.0 && n < 1e9).map(|n| n as usize)
+        v.get("model_max_length")?.as_f64().filter(|&n| (1.0..1e9).contains(&n)).map(|n| n as usize)
     }
 
     /// The tokenizer.json, truncating (right side, special tokens kept) to `max_len` tokens.

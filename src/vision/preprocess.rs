@@ -313,7 +313,7 @@ fn target_size(height: usize, width: usize, cfg: &PreprocessorConfig) -> Result<
     if !cfg.do_resize {
         let f = cfg.factor();
         ensure!(
-            height % f == 0 && width % f == 0,
+            height.is_multiple_of(f) && width.is_multiple_of(f),
             "do_resize=false but image {height}x{width} is not a multiple of patch_size*merge_size={f}"
         );
         return Ok((height, width));

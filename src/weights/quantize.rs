@@ -86,9 +86,9 @@ impl QuantizingSource {
     /// The format a weight whose rows hold `in_dim` values gets, if any.
     fn format_for(&self, in_dim: usize) -> Option<GgmlDType> {
         let want = self.quant.ggml();
-        if in_dim % want.block_size() == 0 {
+        if in_dim.is_multiple_of(want.block_size()) {
             Some(want)
-        } else if in_dim % GgmlDType::Q8_0.block_size() == 0 {
+        } else if in_dim.is_multiple_of(GgmlDType::Q8_0.block_size()) {
             self.stats.fallback_q8_0.fetch_add(1, Ordering::Relaxed);
             Some(GgmlDType::Q8_0)
         } else {

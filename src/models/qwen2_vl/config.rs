@@ -258,13 +258,13 @@ impl Config {
                 bail!("{name} must be at least 1, got 0");
             }
         }
-        if t.num_attention_heads == 0 || (t.head_dim.is_none() && t.hidden_size % t.num_attention_heads != 0) {
+        if t.num_attention_heads == 0 || (t.head_dim.is_none() && !t.hidden_size.is_multiple_of(t.num_attention_heads)) {
             bail!("hidden_size {} is not divisible by num_attention_heads {}", t.hidden_size, t.num_attention_heads);
         }
-        if t.head_dim() == 0 || t.head_dim() % 2 != 0 {
+        if t.head_dim() == 0 || !t.head_dim().is_multiple_of(2) {
             bail!("head_dim {} must be a positive even number", t.head_dim());
         }
-        if t.num_key_value_heads == 0 || t.num_attention_heads % t.num_key_value_heads != 0 {
+        if t.num_key_value_heads == 0 || !t.num_attention_heads.is_multiple_of(t.num_key_value_heads) {
             bail!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 t.num_attention_heads,
@@ -279,7 +279,7 @@ impl Config {
             );
         }
         let v = &self.vision;
-        if v.num_heads == 0 || v.width % v.num_heads != 0 || v.head_dim() % 4 != 0 {
+        if v.num_heads == 0 || !v.width.is_multiple_of(v.num_heads) || !v.head_dim().is_multiple_of(4) {
             bail!("vision width {} / num_heads {} must give a head_dim divisible by 4", v.width, v.num_heads);
         }
         if v.out_hidden_size != t.hidden_size {

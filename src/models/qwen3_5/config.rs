@@ -75,7 +75,7 @@ fn hybrid_decoder(cfg: &Config, text: &Map<String, Value>) -> Result<DecoderConf
         })
         .collect::<Result<Vec<bool>>>()?;
     let dims = Dims { k_heads: h.linear_num_key_heads, v_heads: h.linear_num_value_heads, dk: h.linear_key_head_dim, dv: h.linear_value_head_dim };
-    if dims.k_heads == 0 || dims.dk == 0 || dims.dv == 0 || dims.v_heads % dims.k_heads != 0 {
+    if dims.k_heads == 0 || dims.dk == 0 || dims.dv == 0 || !dims.v_heads.is_multiple_of(dims.k_heads) {
         bail!("text_config.linear_num_value_heads {} must be a positive multiple of linear_num_key_heads {}", dims.v_heads, dims.k_heads);
     }
     if h.linear_conv_kernel_dim < 2 {
