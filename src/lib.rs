@@ -64,8 +64,9 @@ pub mod plan;
 pub mod processor;
 pub mod report;
 pub mod serve;
-#[cfg(test)]
-pub(crate) mod testing;
+/// Seeded random tensors for tests (unit and integration); not part of the API.
+#[doc(hidden)]
+pub mod testing;
 pub mod tokenizer;
 pub mod vision;
 pub mod weights;

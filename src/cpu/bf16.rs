@@ -140,7 +140,7 @@ mod dp {
 mod tests {
     use super::*;
     use crate::cpu::testing::assert_close;
-    use candle_core::{DType, Device, Tensor};
+    use candle_core::DType;
 
     /// Against f32 products of the same bf16 values: odd row lengths, rows that are not whole
     /// panels, one to many passes of activation rows.
@@ -150,10 +150,9 @@ mod tests {
             eprintln!("no AVX-512 BF16: the unpacked kernels run instead");
             return Ok(());
         }
-        let dev = Device::Cpu;
         for &(m, k, n) in &[(1, 64, 37), (1, 896, 130), (2, 33, 16), (5, 256, 20), (11, 161, 9), (40, 320, 33)] {
-            let x = Tensor::randn(0f32, 1., (m, k), &dev)?.to_dtype(DType::BF16)?;
-            let w = Tensor::randn(0f32, 1., (n, k), &dev)?.to_dtype(DType::BF16)?;
+            let x = crate::testing::randn(113, (m, k), 1.)?.to_dtype(DType::BF16)?;
+            let w = crate::testing::randn(114, (n, k), 1.)?.to_dtype(DType::BF16)?;
             let want = x.to_dtype(DType::F32)?.matmul(&w.to_dtype(DType::F32)?.t()?)?.to_vec2::<f32>()?;
             let packed = PackedBf16::pack(&w.flatten_all()?.to_vec1::<bf16>()?, n, k);
             let mut got = vec![0f32; m * n];

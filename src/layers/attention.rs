@@ -151,10 +151,9 @@ mod tests {
     /// The first query sees only the first key: its output is exactly v[0] of its kv head.
     #[test]
     fn causal_first_token_sees_itself() -> Result<()> {
-        let dev = Device::Cpu;
-        let q = Tensor::randn(0f32, 1., (3, 2, 4), &dev)?;
-        let k = Tensor::randn(0f32, 1., (3, 1, 4), &dev)?;
-        let v = Tensor::randn(0f32, 1., (3, 1, 4), &dev)?;
+        let q = crate::testing::randn(103, (3, 2, 4), 1.)?;
+        let k = crate::testing::randn(104, (3, 1, 4), 1.)?;
+        let v = crate::testing::randn(105, (3, 1, 4), 1.)?;
         let out = causal_gqa(&q, &k, &v, 0.5)?; // [3, 8]
         let first = out.get(0)?.reshape((2, 4))?;
         let v0 = v.get(0)?.reshape((1, 4))?.repeat((2, 1))?;

@@ -127,7 +127,7 @@ mod tests {
         let rope = Rotary::new(rd, 10_000.0, &RotaryLayout::OneD);
         let pos = [vec![0, 5, 9], vec![0, 5, 9], vec![0, 5, 9]];
         let (cos, sin) = rope.tables(&pos, &dev)?;
-        let x = Tensor::randn(0f32, 1., (t, heads, d), &dev)?;
+        let x = crate::testing::randn(101, (t, heads, d), 1.)?;
         let y = rope.apply(&x, &cos, &sin)?;
         let (xv, yv): (Vec<Vec<Vec<f32>>>, Vec<Vec<Vec<f32>>>) = (x.to_vec3()?, y.to_vec3()?);
         let (cv, sv): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (cos.to_vec2()?, sin.to_vec2()?);

@@ -81,11 +81,10 @@ mod tests {
     /// Attention of a sequence split into chunks must equal one-shot prefill.
     #[test]
     fn chunked_equals_one_shot() -> Result<()> {
-        let dev = Device::Cpu;
         let (t, h, kvh, d) = (7, 4, 2, 8);
-        let q = Tensor::randn(0f32, 1., (t, h, d), &dev)?;
-        let k = Tensor::randn(0f32, 1., (t, kvh, d), &dev)?;
-        let v = Tensor::randn(0f32, 1., (t, kvh, d), &dev)?;
+        let q = crate::testing::randn(110, (t, h, d), 1.)?;
+        let k = crate::testing::randn(111, (t, kvh, d), 1.)?;
+        let v = crate::testing::randn(112, (t, kvh, d), 1.)?;
         let mut one = DenseCache::new();
         let full = one.attend(0, &q, &k, &v, 0.3)?;
         let mut chunked = DenseCache::new();
