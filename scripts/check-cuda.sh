@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Compile guard for the `cuda` feature (no GPU needed): `cargo check --features cuda --all-targets`
+# Compile guard for the `cuda` feature (no GPU needed): `cargo clippy --features cuda --all-targets`
+# with warnings as errors (a check that also lints the CUDA-only code)
 # with the CUDA 13.0 toolchain from PyPI that ../shared/gpu/setup-cuda-toolchain.sh installs
 # (nvcc, cuBLAS, cuRAND, NVRTC wheels plus a stub libcuda). The toolchain is cached under
 # ~/.cache/merg-cuda and rebuilt only when the recipe changes. Without ../shared (or
@@ -24,5 +25,5 @@ fi
 # shellcheck disable=SC1091
 source "$TC/env.sh"
 # candle-kernels' build script runs nvcc even for `cargo check`; one architecture (sm_90a).
-CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} cargo check --features cuda --all-targets
-echo "cuda check: cargo check --features cuda --all-targets passed"
+CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} cargo clippy --features cuda --all-targets -- -D warnings
+echo "cuda check: cargo clippy --features cuda --all-targets -- -D warnings passed"
