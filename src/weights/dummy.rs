@@ -46,8 +46,55 @@ impl WeightSource for DummyWeights {
         let t = match init {
             Init::Const(c) => Tensor::ones(shape, DType::F32, dev)?.affine(c, 0.)?,
             _ if name.ends_with("bias") => Tensor::zeros(shape, DType::F32, dev)?,
-            _ => Tensor::randn(0f32, self.std as f32, shape, dev)?,
+            _ => Tensor::from_vec(seeded_normal(name_seed(name), shape.elem_count(), self.std as f32), shape, &Device::Cpu)?.to_device(dev)?,
         };
         t.to_dtype(dtype)
+    }
+}
+
+/// A seed from a tensor's name (FNV-1a), so a dummy model is the same on every run.
+fn name_seed(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// `n` normal values of standard deviation `std`, the same for a seed on any number of threads:
+/// chunks of 64K values, each from its own generator seeded by (seed, chunk), on all threads
+/// (Box–Muller, both values of each pair). candle's CPU `randn` cannot be seeded.
+fn seeded_normal(seed: u64, n: usize, std: f32) -> Vec<f32> {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    let mut out = vec![0f32; n];
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
+        let mut rng = StdRng::seed_from_u64(seed ^ (c as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        for pair in dst.chunks_mut(2) {
+            let (u, v): (f32, f32) = (rng.random_range(f32::EPSILON..1.0), rng.random());
+            let (r, a) = (std * (-2.0 * u.ln()).sqrt(), std::f32::consts::TAU * v);
+            pair[0] = r * a.cos();
+            if let Some(x) = pair.get_mut(1) {
+                *x = r * a.sin();
+            }
+        }
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dummy tensor is the same on every run (by its name), differs between names, and has
+    /// the asked spread.
+    #[test]
+    fn dummy_weights_are_seeded_by_name() -> candle_core::Result<()> {
+        let w = DummyWeights::new(0.02);
+        let shape = candle_core::Shape::from((300, 700));
+        let get = |name: &str| w.tensor(name, Some(Expect { shape: &shape, init: candle_nn::init::DEFAULT_KAIMING_NORMAL }), DType::F32, &Device::Cpu);
+        let (a, b, c) = (get("layers.0.mlp.up_proj.weight")?, get("layers.0.mlp.up_proj.weight")?, get("layers.1.mlp.up_proj.weight")?);
+        assert_eq!(a.flatten_all()?.to_vec1::<f32>()?, b.flatten_all()?.to_vec1::<f32>()?);
+        assert_ne!(a.flatten_all()?.to_vec1::<f32>()?, c.flatten_all()?.to_vec1::<f32>()?);
+        let sd = a.sqr()?.mean_all()?.to_scalar::<f32>()?.sqrt();
+        assert!((sd - 0.02).abs() < 0.001, "std {sd}");
+        Ok(())
     }
 }
