@@ -64,7 +64,6 @@ pub fn available_memory(device: &candle_core::Device) -> anyhow::Result<u64> {
 /// host's peak against the host's free memory, and on a GPU the weights against the device's.
 /// `what` names the files in the message.
 pub fn check_load(what: &str, cost: LoadCost, device: &candle_core::Device) -> anyhow::Result<()> {
-    let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
     let host = available_memory(&candle_core::Device::Cpu)?;
     if cost.host_peak_bytes > host {
         let how = match device.is_cpu() {
@@ -81,6 +80,11 @@ pub fn check_load(what: &str, cost: LoadCost, device: &candle_core::Device) -> a
         }
     }
     Ok(())
+}
+
+/// GiB with two decimals.
+pub fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
 /// Memory kept back from the K/V cache for activations, workspace and the runtime.
@@ -103,8 +107,8 @@ pub fn auto_kv_bytes(available: u64, reserve: u64, kv_per_token: u64, max_tokens
 /// stay resident as holes in the heap: measured 137 MiB kept per layer of a 3B-width Q8_0
 /// file whose layers hold 78 MiB. While loading, every block of 256 KiB or more is mapped on
 /// its own and so returned when freed (heap holes of freed megabyte-sized parts were not reused
-/// well either: 7.3 MiB kept per layer holding 3.9 on a file of 1 MiB tensors). After loading the threshold goes to glibc's ceiling instead
-/// (and the heap is trimmed only past 128 MiB free): a step's activations of a few MiB are then
+/// well either: 7.3 MiB kept per layer holding 3.9 on a file of 1 MiB tensors). After loading
+/// the threshold goes to glibc's ceiling instead (and the heap is trimmed only past 128 MiB free): a step's activations of a few MiB are then
 /// reused from the heap, where with the 4 MiB threshold each would be mapped and faulted in
 /// afresh (prefill measured 28 % slower that way). Only glibc is tuned; other allocators and
 /// systems are left alone.

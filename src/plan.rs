@@ -139,10 +139,7 @@ pub fn plan_with_load(p: &ParamCounts, spec: &ModelSpec, prec: Precision, load: 
 
 pub use crate::memory::{auto_kv_bytes, DEFAULT_RESERVE};
 
-/// GiB with two decimals.
-pub fn gib(b: u64) -> String {
-    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
-}
+pub use crate::memory::gib;
 
 impl std::fmt::Display for Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -15,21 +15,28 @@ use candle_core::{DType, Device, Result, Tensor};
 /// Tensors smaller than this stay where they are (a huge page is 2 MiB).
 const MIN_BYTES: usize = 4 << 20;
 
-/// `madvise(advice)` over the whole 2 MiB pages inside `[ptr, ptr + len)`.
-fn advise(ptr: *const u8, len: usize, advice: i32) {
+/// A huge page (the unit of `HUGEPAGE` and `COLLAPSE` advice).
+const HUGE: usize = 2 << 20;
+/// A base page (the unit of `release`).
+const PAGE: usize = 4096;
+
+/// `madvise(advice)` over the whole `page`-sized pages inside `[ptr, ptr + len)` (neighbours
+/// sharing a partial page keep it).
+fn advise(ptr: *const u8, len: usize, page: usize, advice: i32) {
     #[cfg(target_os = "linux")]
     {
-        const HUGE: usize = 2 << 20;
-        let start = (ptr as usize).div_ceil(HUGE) * HUGE;
-        let end = (ptr as usize + len) / HUGE * HUGE;
+        let start = (ptr as usize).div_ceil(page) * page;
+        let end = (ptr as usize + len) / page * page;
         if end > start {
-            // SAFETY: the range lies inside an allocation this process owns; both advices only
-            // change how its pages are backed, never their contents. Failure leaves it as it was.
+            // SAFETY: the range lies inside an allocation or read-only file mapping this process
+            // owns; the advices used here only change how its pages are backed (or drop file
+            // pages it never wrote, which fault back in unchanged), never their contents.
+            // Failure leaves it as it was.
             unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
         }
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = (ptr, len, advice);
+    let _ = (ptr, len, page, advice);
 }
 
 #[cfg(target_os = "linux")]
@@ -46,9 +53,9 @@ const COLLAPSE: i32 = 0;
 fn on_huge_pages<T>(len: usize, fill: impl FnOnce(&mut Vec<T>)) -> Vec<T> {
     let mut v = Vec::with_capacity(len);
     let bytes = len * std::mem::size_of::<T>();
-    advise(v.as_ptr() as *const u8, bytes, HUGEPAGE);
+    advise(v.as_ptr() as *const u8, bytes, HUGE, HUGEPAGE);
     fill(&mut v);
-    advise(v.as_ptr() as *const u8, bytes, COLLAPSE);
+    advise(v.as_ptr() as *const u8, bytes, HUGE, COLLAPSE);
     v
 }
 
@@ -112,16 +119,7 @@ pub fn copied(done: usize, total: usize) {
 /// them, and a later read faults them back in unchanged).
 pub fn release(bytes: &[u8]) {
     #[cfg(target_os = "linux")]
-    {
-        const PAGE: usize = 4096;
-        let start = (bytes.as_ptr() as usize).div_ceil(PAGE) * PAGE;
-        let end = (bytes.as_ptr() as usize + bytes.len()) / PAGE * PAGE;
-        if end > start {
-            // SAFETY: whole pages of a private read-only file mapping this process owns and
-            // never writes; DONTNEED only unmaps them, their contents stay the file's.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
-        }
-    }
+    advise(bytes.as_ptr(), bytes.len(), PAGE, libc::MADV_DONTNEED);
     #[cfg(not(target_os = "linux"))]
     let _ = bytes;
 }

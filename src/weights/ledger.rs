@@ -105,8 +105,8 @@ impl Ledger {
 
     /// Bytes of the text model's weights one decode step reads: every layer's tensors as held,
     /// MoE experts scaled to the active ones (`idle_expert_values` of their values are not
-    /// read), the output head, and one embedding row (as the lookup reads it); the head is the embedding table when
-    /// `tied_head` (its quantized copy when one was made).
+    /// read), the output head, and one embedding row (as the lookup reads it); the head is the
+    /// embedding table when `tied_head` (its quantized copy when one was made).
     pub fn decode_bytes(&self, tied_head: bool, idle_expert_values: u64) -> f64 {
         let (mut other, mut experts, mut expert_values) = (0u64, 0u64, 0u64);
         for (name, t) in self.text() {
@@ -188,9 +188,7 @@ impl LedgerSource {
         }
         q
     }
-}
 
-impl LedgerSource {
     /// Records a tensor handed out as stored: blocks as blocks, floats as dense.
     fn record(&self, name: &str, m: Option<Mapped>) -> Option<Mapped> {
         if let Some(m) = &m {

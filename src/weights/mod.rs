@@ -136,10 +136,8 @@ impl Weights {
     /// Linear weight `name` (relative) of `shape` in a quantized format, when the source
     /// holds or makes it so.
     pub fn quantized(&self, name: &str, shape: &Shape) -> Option<candle_core::Result<Arc<QTensor>>> {
-        let prefix = self.vb.prefix();
-        let full = if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
         let expect = Expect { shape, init: candle_nn::init::DEFAULT_KAIMING_NORMAL };
-        self.source.quantized(&full, Some(expect), self.vb.device())
+        self.source.quantized(&self.full(name), Some(expect), self.vb.device())
     }
 
     /// Linear weight `name` (relative) as stored in a mapped file, checked to be `shape`.
@@ -152,6 +150,7 @@ impl Weights {
         self.checked(self.source.rows(&self.full(name)), name, shape)
     }
 
+    /// `name` under this position's prefix, as the source names it.
     fn full(&self, name: &str) -> String {
         let prefix = self.vb.prefix();
         if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") }
@@ -171,9 +170,7 @@ impl Weights {
     /// `weight` `[out, in]`, cut by the model from tensor `name` (relative), quantized as
     /// this source's linear weights are (`None`: stays dense).
     pub fn quantize_derived(&self, name: &str, weight: &Tensor) -> Option<candle_core::Result<Arc<QTensor>>> {
-        let prefix = self.vb.prefix();
-        let full = if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
-        self.source.quantize_derived(&full, weight, self.vb.device())
+        self.source.quantize_derived(&self.full(name), weight, self.vb.device())
     }
 
     /// The same weights with linear layers quantized to `quant` as they load (the vision
