@@ -34,9 +34,11 @@ pub fn parse_device(name: &str) -> Result<Device> {
         "cpu" => Ok(Device::Cpu),
         s if s == "cuda" || s.starts_with("cuda:") => {
             let ord = s.strip_prefix("cuda:").map(str::parse::<usize>).transpose().with_context(|| format!("device {s:?}: bad CUDA ordinal"))?;
-            Device::new_cuda(ord.unwrap_or(0)).with_context(|| {
+            let device = Device::new_cuda(ord.unwrap_or(0)).with_context(|| {
                 format!("device {s}: CUDA is not available (merg must be built with the `cuda` feature, and a driver must be present)")
-            })
+            })?;
+            crate::memory::keep_freed_memory(&device);
+            Ok(device)
         }
         other => bail!("device {other:?}: use cpu, cuda or cuda:N"),
     }

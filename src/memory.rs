@@ -50,14 +50,70 @@ pub fn available_memory(device: &candle_core::Device) -> anyhow::Result<u64> {
         #[cfg(feature = "cuda")]
         {
             use anyhow::Context;
+            device.synchronize().context("querying free GPU memory")?;
             let (free, _total) = cudarc::driver::result::mem_get_info().context("querying free GPU memory")?;
-            return Ok(free as u64);
+            return Ok(free as u64 + gpu_pool::slack(device));
         }
     }
     // CPU: MemAvailable from /proc/meminfo; elsewhere assume 4 GiB.
     let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let kb = info.lines().find(|l| l.starts_with("MemAvailable:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|n| n.parse::<u64>().ok());
     Ok(kb.map(|k| k * 1024).unwrap_or(4 << 30))
+}
+
+/// Opens a device by name and, on a GPU, keeps the memory tensors free in its allocation pool.
+/// candle allocates from CUDA's stream-ordered pool, which by default hands freed memory back
+/// to the driver at every synchronisation (release threshold 0): each decode step, which reads
+/// its sampled token back, then maps its buffers anew. merg keeps it pooled, as PyTorch's
+/// caching allocator does, and counts the pooled slack as free (`available_memory`).
+pub fn keep_freed_memory(device: &candle_core::Device) {
+    #[cfg(feature = "cuda")]
+    gpu_pool::keep_freed(device);
+    let _ = device;
+}
+
+/// Bytes in use on a GPU (total less free, every process's), for reports; None on the CPU.
+pub fn device_used(device: &candle_core::Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
+        return Some((total - free) as u64);
+    }
+    let _ = device;
+    None
+}
+
+/// The default CUDA memory pool of a device (the one `cuMemAllocAsync` draws from).
+#[cfg(feature = "cuda")]
+mod gpu_pool {
+    use cudarc::driver::sys::{self, CUmemPool_attribute as Attr};
+
+    fn pool(device: &candle_core::Device) -> Option<sys::CUmemoryPool> {
+        let stream = device.as_cuda_device().ok()?.cuda_stream();
+        let ctx = stream.context();
+        ctx.bind_to_thread().ok()?;
+        let mut pool = std::ptr::null_mut();
+        let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(pool)
+    }
+
+    fn attr(pool: sys::CUmemoryPool, a: Attr) -> u64 {
+        let mut v: u64 = 0;
+        let r = unsafe { sys::cuMemPoolGetAttribute(pool, a, &mut v as *mut u64 as *mut std::ffi::c_void) };
+        if r == sys::CUresult::CUDA_SUCCESS { v } else { 0 }
+    }
+
+    pub fn keep_freed(device: &candle_core::Device) {
+        if let Some(p) = pool(device) {
+            let mut keep = u64::MAX;
+            unsafe { sys::cuMemPoolSetAttribute(p, Attr::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut keep as *mut u64 as *mut std::ffi::c_void) };
+        }
+    }
+
+    /// Pooled bytes no tensor holds: reserved less used.
+    pub fn slack(device: &candle_core::Device) -> u64 {
+        pool(device).map_or(0, |p| attr(p, Attr::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).saturating_sub(attr(p, Attr::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)))
+    }
 }
 
 /// Refuses a load whose `cost` does not fit what is free, before anything is allocated: the

@@ -28,7 +28,7 @@ fn load_as(family: &str, dtype: DType) -> Arc<dyn Model> {
     let mut files: Vec<_> = index["weight_map"].as_object().unwrap().values().map(|v| dir.join(v.as_str().unwrap())).collect();
     files.sort();
     files.dedup();
-    merg::models::load(&cfg, Weights::safetensors(&files, dtype, &Device::Cpu).unwrap()).unwrap()
+    merg::models::load(&cfg, Weights::safetensors(&files, dtype, &test_device()).unwrap()).unwrap()
 }
 
 fn vision_input(g: &std::collections::HashMap<String, Tensor>) -> VisionInput {

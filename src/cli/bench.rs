@@ -110,16 +110,26 @@ pub struct BenchAgentsArgs {
 
 pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     let formats = a.quant.iter().map(|f| format_of(f)).collect::<Result<Vec<_>>>().context("--quant")?;
+    if !a.batch.is_empty() {
+        batch_tokenizer(&a)?;
+    }
     // The machine's limits, on the same threads, before any model is loaded.
-    let roof = (a.device == "cpu" && !a.no_roofline).then(merg::cpu::roofline::measure);
+    let roof = match (a.no_roofline, a.device.as_str()) {
+        (true, _) => None,
+        (false, "cpu") => Some(merg::cpu::roofline::measure()),
+        (false, _) => Some(device_roofline(&device_and_dtype(&a.device, None)?.0)?),
+    };
     if let Some(r) = &roof {
+        let on = match r.threads {
+            0 => a.device.clone(),
+            n => format!("{n} threads, {} kernels", merg::cpu::level().name()),
+        };
         println!(
-            "roofline: {:.1} GB/s triad bandwidth, {:.0} GFLOP/s f32 FMA peak, {:.0} GFLOP/s bf16 peak ({} threads, {} kernels)",
+            "roofline: {:.1} GB/s {} bandwidth, {:.0} GFLOP/s f32 peak, {:.0} GFLOP/s bf16 peak ({on})",
             r.bandwidth_gbs,
+            if r.threads == 0 { "copy" } else { "triad" },
             r.f32_gflops,
             r.bf16_gflops,
-            r.threads,
-            merg::cpu::level().name()
         );
     }
     let mut recs: Vec<serde_json::Value> = vec![];
@@ -138,6 +148,34 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         recs.push(rec);
     }
     Ok(())
+}
+
+/// A GPU's own limits, measured as the CPU's are (best of five): copy bandwidth (read and write
+/// of a 1 GiB f32 tensor, four per timing) and the f32 and bf16 matmul peaks (4096², ten products per timing).
+/// `threads` is 0: the figures are the device's.
+fn device_roofline(device: &candle_core::Device) -> Result<merg::cpu::roofline::Roofline> {
+    use candle_core::{DType, Tensor};
+    let best = |n: usize, f: &dyn Fn() -> candle_core::Result<Tensor>| -> Result<f64> {
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            device.synchronize()?;
+            let t = Instant::now();
+            for _ in 0..n {
+                f()?;
+            }
+            device.synchronize()?;
+            best = best.min(t.elapsed().as_secs_f64() / n as f64);
+        }
+        Ok(best)
+    };
+    let x = Tensor::ones(1usize << 28, DType::F32, device)?;
+    let copy_s = best(4, &|| x.affine(1.0, 0.0))?;
+    let peak = |dtype: DType| -> Result<f64> {
+        let m = Tensor::ones((4096, 4096), dtype, device)?;
+        Ok(2.0 * 4096f64.powi(3) / best(10, &|| m.matmul(&m))? / 1e9)
+    };
+    let (f32_gflops, bf16_gflops) = (peak(DType::F32)?, peak(DType::BF16)?);
+    Ok(merg::cpu::roofline::Roofline { threads: 0, bandwidth_gbs: 2.0 * 4.0 * (1u64 << 28) as f64 / copy_s / 1e9, f32_gflops, bf16_gflops })
 }
 
 /// Decode as % of the bandwidth roofline and prefill as % of the compute peak, printed as
@@ -338,6 +376,7 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
         "decode_tokens_per_s": a.decode_tokens as f64 / decode_s,
         "load_s": load_s,
         "memory": memory_facts(after_load, peak_load, memory.peak()),
+        "device_memory_used_bytes": merg::memory::device_used(&device),
         "batched": batched,
     });
     merge(&mut rec, facts);
@@ -352,14 +391,19 @@ fn merge(rec: &mut serde_json::Value, extra: serde_json::Value) {
 }
 
 /// The `--batch` runs on the loaded model, printed as `decode bf16 batch 8: … tok/s aggregate`.
+/// The tokenizer `--batch` runs the engine with; asked for before anything is measured.
+fn batch_tokenizer(a: &BenchArgs) -> Result<PathBuf> {
+    let own = a.model.as_ref().filter(|_| a.config.is_none()).and_then(|m| merg::hub::resolve(m, None).ok()).map(|f| f.tokenizer).filter(|p| p.exists());
+    a.tokenizer.clone().or(own).or_else(default_tokenizer).context(
+        "--batch runs the engine, which needs a tokenizer: pass --tokenizer, set MERG_DATA_DIR, or use a checkpoint that has one",
+    )
+}
+
 fn batched_runs(a: &BenchArgs, model: std::sync::Arc<dyn merg::models::Model>, config: &serde_json::Value, name: &str) -> Result<Vec<merg::bench::BatchedDecode>> {
     if a.batch.is_empty() {
         return Ok(vec![]);
     }
-    let own = a.model.as_ref().filter(|_| a.config.is_none()).and_then(|m| merg::hub::resolve(m, None).ok()).map(|f| f.tokenizer).filter(|p| p.exists());
-    let tok = a.tokenizer.clone().or(own).or_else(default_tokenizer).context(
-        "--batch runs the engine, which needs a tokenizer: pass --tokenizer, set MERG_DATA_DIR, or use a checkpoint that has one",
-    )?;
+    let tok = batch_tokenizer(a)?;
     let template = merg::chat::default_chat_template(registry::model_type(config)?);
     let mut out = vec![];
     for &b in &a.batch {

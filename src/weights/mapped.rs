@@ -12,6 +12,36 @@ use std::sync::Arc;
 use candle_core::quantized::{ggml_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Result, Tensor};
 
+/// A `rows × k` matrix quantized to `format` in bands of rows on all threads (candle's
+/// quantizer is serial: minutes for a 7B), each band written straight into its place in the
+/// output. `band(r0, n)` gives rows `r0..r0 + n` as an f32 `[n, k]` tensor on the host; bands
+/// hold about 8 MiB of f32 each. Blocks never cross rows, so the bytes equal quantizing the
+/// whole; `dims` is the result's shape (rows = the product of all but the last).
+pub fn quantize_bands(rows: usize, k: usize, format: GgmlDType, dims: Vec<usize>, dev: &Device, band: impl Fn(usize, usize) -> Result<Tensor> + Sync) -> Result<QTensor> {
+    use rayon::prelude::*;
+    if k % format.block_size() != 0 {
+        candle_core::bail!("{format:?} needs rows of a multiple of {} values, not {k}", format.block_size());
+    }
+    let band_rows = (crate::cpu::pages::BAND_BYTES / 4 / (k * 4).max(1)).max(1);
+    let qb = k / format.block_size() * format.type_size();
+    let mut out = vec![0u8; rows * qb];
+    out.par_chunks_mut(band_rows * qb).enumerate().try_for_each(|(i, dst)| -> Result<()> {
+        let t = band(i * band_rows, dst.len() / qb)?;
+        dst.copy_from_slice(&QTensor::quantize(&t, format)?.data()?);
+        Ok(())
+    })?;
+    ggml_file::qtensor_from_ggml(format, &out, dims, dev)
+}
+
+/// An f32-convertible tensor (any device, any rank ≥ 1) quantized on all host threads.
+pub fn quantize_tensor(t: &Tensor, format: GgmlDType, dev: &Device) -> Result<QTensor> {
+    let dims = t.dims().to_vec();
+    let k = *dims.last().unwrap_or(&1);
+    let rows = t.elem_count() / k.max(1);
+    let flat = t.to_device(&Device::Cpu)?.reshape((rows, k))?;
+    quantize_bands(rows, k, format, dims, dev, |r0, n| flat.narrow(0, r0, n)?.to_dtype(DType::F32)?.contiguous())
+}
+
 /// One stored tensor inside a shared read-only mapping.
 #[derive(Clone)]
 pub struct Mapped {
@@ -115,21 +145,13 @@ impl Mapped {
         let (Some(dt), &[rows, k]) = (float_dtype(self.dtype), &self.dims[..]) else {
             candle_core::bail!("only a 2-D float tensor is quantized from the file, not {:?} {:?}", self.dtype, self.dims);
         };
-        use rayon::prelude::*;
-        // Bands of whole blocks' rows, quantized on all threads (candle's quantizer is serial)
-        // straight into their place in the output.
-        let band = (crate::cpu::pages::BAND_BYTES / 4 / (k * 4).max(1)).max(1);
-        let (rb, qb) = (self.row_bytes(), k / format.block_size() * format.type_size());
-        let mut out = vec![0u8; rows * qb];
-        out.par_chunks_mut(band * qb).enumerate().try_for_each(|(i, dst)| -> Result<()> {
-            let (r0, n) = (i * band, dst.len() / qb);
+        let rb = self.row_bytes();
+        quantize_bands(rows, k, format, self.dims.clone(), dev, |r0, n| {
             let bytes = &self.bytes()[r0 * rb..(r0 + n) * rb];
             let t = Tensor::from_raw_buffer(bytes, dt, &[n, k], &Device::Cpu)?.to_dtype(DType::F32)?;
-            dst.copy_from_slice(&QTensor::quantize(&t, format)?.data()?);
             crate::cpu::pages::release(bytes);
-            Ok(())
-        })?;
-        ggml_file::qtensor_from_ggml(format, &out, self.dims.clone(), dev)
+            Ok(t)
+        })
     }
 
     /// Drops this process's pages of the tensor's bytes (whole pages only, so neighbours keep
@@ -192,6 +214,22 @@ mod tests {
             assert_eq!(banded.shape().dims(), &[rows, k]);
             assert!(banded.data()? == whole.data()?, "{format:?}");
         }
+        Ok(())
+    }
+
+    /// A tensor quantized on all threads (3-D, bf16, several bands) equals candle's serial
+    /// quantizer's bytes; a row length off the block size is an error, not a panic.
+    #[test]
+    fn parallel_tensor_quantization_equals_candles() -> Result<()> {
+        let t = crate::testing::randn(11, (3, 9_000, 256), 1.0)?.to_dtype(DType::BF16)?;
+        for format in [GgmlDType::Q8_0, GgmlDType::Q6K] {
+            let got = quantize_tensor(&t, format, &Device::Cpu)?;
+            let want = QTensor::quantize(&t.to_dtype(DType::F32)?, format)?;
+            assert_eq!(got.shape().dims(), &[3, 9_000, 256]);
+            assert!(got.data()? == want.data()?, "{format:?}");
+        }
+        let odd = crate::testing::randn(1, (4, 100), 1.0)?;
+        assert!(quantize_tensor(&odd, GgmlDType::Q4K, &Device::Cpu).unwrap_err().to_string().contains("multiple of 256"));
         Ok(())
     }
 }

@@ -133,7 +133,7 @@ impl WeightSource for QuantizingSource {
         let stored = self.inner.mapped(name).filter(|m| m.is_float() && m.dims.len() == 2 && expect.is_none_or(|e| e.shape.dims() == m.dims));
         let q = match stored {
             Some(m) => m.quantize(format, dev),
-            None => self.inner.tensor(name, expect, DType::F32, &Device::Cpu).and_then(|t| QTensor::quantize_onto(&t, format, dev)),
+            None => self.inner.tensor(name, expect, DType::F32, &Device::Cpu).and_then(|t| super::mapped::quantize_tensor(&t, format, dev)),
         };
         Some(self.count(q))
     }
@@ -158,7 +158,7 @@ impl WeightSource for QuantizingSource {
             self.stats.dense.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        let q = weight.to_device(&Device::Cpu).and_then(|t| t.to_dtype(DType::F32)).and_then(|t| QTensor::quantize_onto(&t, format, dev));
+        let q = super::mapped::quantize_tensor(weight, format, dev);
         Some(self.count(q))
     }
 }

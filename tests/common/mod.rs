@@ -6,8 +6,26 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
+/// The fixtures folder; `MERG_FIXTURES_DIR` overrides it for a test binary run away from its
+/// build tree (scripts/gpu-check.sh carries the binaries to a GPU machine).
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    match std::env::var_os("MERG_FIXTURES_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
+    }
+}
+
+/// The device the parity tests load models on: the CPU, or `MERG_TEST_DEVICE=cuda` (`cuda:N`)
+/// on a build with the `cuda` feature, where the same goldens check the device path.
+pub fn test_device() -> Device {
+    match std::env::var("MERG_TEST_DEVICE").as_deref() {
+        Err(_) | Ok("") | Ok("cpu") => Device::Cpu,
+        Ok(d) => {
+            let ordinal = d.strip_prefix("cuda").map(|n| n.trim_start_matches(':').parse().unwrap_or(0));
+            let ordinal = ordinal.unwrap_or_else(|| panic!("MERG_TEST_DEVICE={d}: expected cpu, cuda or cuda:N"));
+            Device::new_cuda(ordinal).unwrap_or_else(|e| panic!("MERG_TEST_DEVICE={d}: {e}"))
+        }
+    }
 }
 
 /// Checkpoint directory of a tiny fixture model, by family (`model_type`).
@@ -42,6 +60,7 @@ pub fn grids(t: Option<&Tensor>) -> Vec<[usize; 3]> {
 
 /// max |a - b| / max |b|: error relative to the golden's scale.
 pub fn max_rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    let a = &a.to_device(b.device()).unwrap();
     let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
     let scale = b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
     diff / scale.max(1e-12)
@@ -49,6 +68,7 @@ pub fn max_rel_err(a: &Tensor, b: &Tensor) -> f32 {
 
 /// ||a - b||₂ / ||b||₂ over all entries: the typical error, where `max_rel_err` is the worst.
 pub fn fro_rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    let a = &a.to_device(b.device()).unwrap();
     let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
     d / b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap().sqrt().max(1e-12)
 }
