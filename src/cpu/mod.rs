@@ -81,16 +81,38 @@ pub fn level() -> Level {
     })
 }
 
+static FORCE_GENERIC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `MERG_CPU_KERNELS=generic`: run on the CPU the path a GPU runs, so it is proven without one.
+/// Layers with a host fast path (the Gated DeltaNet rule) take their tensor form instead.
+pub fn generic() -> bool {
+    static ENV: OnceLock<bool> = OnceLock::new();
+    FORCE_GENERIC.load(std::sync::atomic::Ordering::Relaxed) || *ENV.get_or_init(|| std::env::var("MERG_CPU_KERNELS").as_deref() == Ok("generic"))
+}
+
+/// Sets `generic()` for this process (tests that prove the device path in their own binary).
+#[doc(hidden)]
+pub fn force_generic() {
+    FORCE_GENERIC.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether a layer on `device` may take its host fast path: on the CPU, unless `generic()`.
+pub fn host_paths(device: &candle_core::Device) -> bool {
+    device.is_cpu() && !generic()
+}
+
 /// The level for a `MERG_CPU_KERNELS` value on a machine that detected `best`, and a warning
 /// when the value cannot be honoured. A level above `best` is lowered to it: its instructions
 /// would fault on this machine.
 pub fn choose_level(forced: Option<&str>, best: Level) -> (Level, Option<String>) {
     let forced = match forced {
         None => return (best, None),
-        Some("portable") => Level::Portable,
+        // The device path on the CPU: layers with a host fast path take their tensor form
+        // (`generic()`); the kernels that remain run at the portable level.
+        Some("portable") | Some("generic") => Level::Portable,
         Some("avx2") => Level::Avx2,
         Some("avx512") => Level::Avx512,
-        Some(other) => return (best, Some(format!("MERG_CPU_KERNELS={other:?} is not one of avx512, avx2, portable; using {}", best.name()))),
+        Some(other) => return (best, Some(format!("MERG_CPU_KERNELS={other:?} is not one of avx512, avx2, portable, generic; using {}", best.name()))),
     };
     if forced > best {
         let w = format!("MERG_CPU_KERNELS={} asks for more than this machine has; using {}", forced.name(), best.name());

@@ -10,6 +10,7 @@
 use candle_core::{DType, Device, Module, Result, Tensor};
 
 use super::delta_rule::{self, Dims, Inputs};
+use super::delta_rule_ops as ops;
 use super::norm::GatedRmsNorm;
 use super::{linear, Linear};
 use super::step_cache::StepCache;
@@ -47,6 +48,8 @@ pub struct GatedDeltaNet {
     in_a: Linear,
     /// Depthwise kernel `[conv_dim, kernel]`, f32 on the host.
     conv: Vec<f32>,
+    /// The same kernel as `[kernel, conv_dim]` f32 on the model's device (the tensor path).
+    conv_taps: Tensor,
     dt_bias: Tensor,
     /// −exp(A_log), f32.
     neg_a: Tensor,
@@ -74,6 +77,7 @@ impl GatedDeltaNet {
             in_b: linear(s.hidden, d.v_heads, false, w.pp("in_proj_b"))?,
             in_a: linear(s.hidden, d.v_heads, false, w.pp("in_proj_a"))?,
             conv: conv.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?,
+            conv_taps: conv.to_dtype(DType::F32)?.reshape((s.conv_dim(), s.conv_kernel))?.t()?.contiguous()?,
             dt_bias: w.vb().get_with_hints(d.v_heads, "dt_bias", candle_nn::Init::Const(1.0))?.to_dtype(DType::F32)?,
             neg_a: a_log.to_dtype(DType::F32)?.exp()?.neg()?,
             norm: GatedRmsNorm::new(d.dv, eps, w.pp("norm"))?,
@@ -83,14 +87,68 @@ impl GatedDeltaNet {
     }
 
     /// `x: [T, hidden]` of this step (the runs of several sequences); `layer` names the state.
+    /// On the CPU the conv and delta rule run on host slices; elsewhere (and with
+    /// `MERG_CPU_KERNELS=generic`) as tensor operations, the state staying on the device.
     pub fn forward(&self, x: &Tensor, layer: usize, cache: &mut dyn StepCache) -> Result<Tensor> {
-        let (t, dev, dt) = (x.dim(0)?, x.device().clone(), x.dtype());
-        let s = self.shape;
+        let t = x.dim(0)?;
         let mixed = self.in_qkv.forward(x)?.to_dtype(DType::F32)?;
         let beta = candle_nn::ops::sigmoid(&self.in_b.forward(x)?)?.to_dtype(DType::F32)?;
         // g = −exp(A_log) · softplus(a + dt_bias), in f32 like transformers.
         let a = self.in_a.forward(x)?.to_dtype(DType::F32)?.broadcast_add(&self.dt_bias)?;
         let g = softplus(&a)?.broadcast_mul(&self.neg_a)?;
+        let core = match crate::cpu::host_paths(x.device()) {
+            true => self.rule_on_host(&mixed, &beta, &g, layer, cache)?,
+            false => self.rule_as_tensors(&mixed, &beta, &g, layer, cache)?,
+        };
+        let (s, dt) = (self.shape, x.dtype());
+        let core = core.reshape((t * s.dims.v_heads, s.dims.dv))?.to_dtype(dt)?;
+        let z = self.in_z.forward(x)?.reshape((t * s.dims.v_heads, s.dims.dv))?;
+        let y = self.norm.forward(&core, &z)?.reshape((t, s.value_dim()))?;
+        self.out.forward(&y)
+    }
+
+    /// Conv and delta rule of every run on the device: `[T, Hv, dv]` f32.
+    fn rule_as_tensors(&self, mixed: &Tensor, beta: &Tensor, g: &Tensor, layer: usize, cache: &mut dyn StepCache) -> Result<Tensor> {
+        let (s, dev) = (self.shape, mixed.device());
+        let d = s.dims;
+        let (cs, ss) = s.state_shapes();
+        let on_dev = |t: Option<Tensor>, shape: &[usize]| match t {
+            Some(t) => t.to_device(dev),
+            None => Tensor::zeros(shape, DType::F32, dev),
+        };
+        let mut outs = vec![];
+        for (run, (start, len)) in cache.runs(mixed.dim(0)?).into_iter().enumerate() {
+            let state = cache.recurrent(layer, run)?;
+            // Depthwise causal conv over the window and the run's rows, then SiLU.
+            let ext = Tensor::cat(&[on_dev(state.conv.take(), &cs)?, mixed.narrow(0, start, len)?], 0)?;
+            let mut acc = ext.narrow(0, 0, len)?.broadcast_mul(&self.conv_taps.get(0)?)?;
+            for j in 1..s.conv_kernel {
+                acc = (acc + ext.narrow(0, j, len)?.broadcast_mul(&self.conv_taps.get(j)?)?)?;
+            }
+            state.conv = Some(ext.narrow(0, len, s.conv_kernel - 1)?.contiguous()?);
+            let qkv = candle_nn::ops::silu(&acc)?;
+            let (kd, vd) = (s.key_dim(), s.value_dim());
+            let q = ops::l2norm(&qkv.narrow(1, 0, kd)?.reshape((len, d.k_heads, d.dk))?, 1.0 / (d.dk as f64).sqrt())?;
+            let k = ops::l2norm(&qkv.narrow(1, kd, kd)?.reshape((len, d.k_heads, d.dk))?, 1.0)?;
+            let v = qkv.narrow(1, 2 * kd, vd)?.reshape((len, d.v_heads, d.dv))?;
+            let (q, k, v) = (ops::head_major(&q, d.v_heads)?, ops::head_major(&k, d.v_heads)?, ops::head_major(&v, d.v_heads)?);
+            let per_head = |x: &Tensor| x.narrow(0, start, len)?.t()?.contiguous();
+            let (g, beta) = (per_head(g)?, per_head(beta)?);
+            let mut ssm = on_dev(state.ssm.take(), &ss)?;
+            // Prefill chunks use the chunked form, decode the recurrent one, as transformers.
+            let o = match len {
+                1 => ops::recurrent(&q, &k, &v, &g, &beta, &mut ssm)?,
+                _ => ops::chunked(&q, &k, &v, &g, &beta, &mut ssm)?,
+            };
+            state.ssm = Some(ssm);
+            outs.push(o.transpose(0, 1)?);
+        }
+        Tensor::cat(&outs, 0)
+    }
+
+    /// Conv and delta rule of every run on host slices: `[T, Hv, dv]` f32 on the host.
+    fn rule_on_host(&self, mixed: &Tensor, beta: &Tensor, g: &Tensor, layer: usize, cache: &mut dyn StepCache) -> Result<Tensor> {
+        let (t, s) = (mixed.dim(0)?, self.shape);
         let (mixed, beta, g): (Vec<f32>, Vec<f32>, Vec<f32>) =
             (mixed.flatten_all()?.to_vec1()?, beta.flatten_all()?.to_vec1()?, g.flatten_all()?.to_vec1()?);
         let mut core = Vec::with_capacity(t * s.value_dim());
@@ -109,10 +167,7 @@ impl GatedDeltaNet {
             state.conv = Some(Tensor::from_vec(window, cs, &Device::Cpu)?);
             state.ssm = Some(Tensor::from_vec(ssm, ss, &Device::Cpu)?);
         }
-        let core = Tensor::from_vec(core, (t * s.dims.v_heads, s.dims.dv), &dev)?.to_dtype(dt)?;
-        let z = self.in_z.forward(x)?.reshape((t * s.dims.v_heads, s.dims.dv))?;
-        let y = self.norm.forward(&core, &z)?.reshape((t, s.value_dim()))?;
-        self.out.forward(&y)
+        Tensor::from_vec(core, (t, s.dims.v_heads, s.dims.dv), &Device::Cpu)
     }
 }
 

@@ -15,6 +15,7 @@
 pub mod attention;
 pub mod delta_net;
 pub mod delta_rule;
+pub mod delta_rule_ops;
 pub mod embedding;
 pub mod linear;
 pub mod mlp;
