@@ -17,7 +17,8 @@ for level in avx2 portable; do
   MERG_CPU_KERNELS=$level cargo test --test gguf --test quant
 done
 # The device path, proven on the CPU (MERG_CPU_KERNELS=generic): Qwen3.5's Gated DeltaNet rule
-# as tensor operations with its state kept as tensors, against the same goldens and the
-# paged engine's chunking and prefix-snapshot tests.
-MERG_CPU_KERNELS=generic cargo test --test parity --test hybrid -- qwen3_5 hybrid_ sixty_four
+# as tensor operations with its state kept as tensors, and every step's attention as one
+# batched computation, against the same goldens and the paged engines' tests.
+MERG_CPU_KERNELS=generic cargo test --test engine --test hybrid
+MERG_CPU_KERNELS=generic cargo test --test parity -- qwen3_5
 cargo test --doc

@@ -1,15 +1,18 @@
 //! `StepCache` over the shared pool for one packed step of many sequences. The step's tokens
 //! are concatenated (`[T_total, ...]`); each sequence owns a contiguous run of them.
 //! Attention layers: every sequence's new K/V is written to its slots first (one scatter for
-//! the whole step); every one-token run (decode) then attends on the CPU with
-//! `cpu::attention`, reading its slots in place, and every other run (prefill chunks; every run
-//! on other devices) attends over the gather of all its slots. Recurrent
-//! layers: each sequence's own fixed-size state, taken from the sequence for the step.
+//! the whole step). On the CPU every one-token run (decode) then attends with `cpu::attention`,
+//! reading its slots in place, and every other run (prefill chunks) over the gather of all its
+//! slots. Elsewhere (and with `MERG_CPU_KERNELS=generic`) all runs attend in one computation
+//! per layer (`batched`). Recurrent layers: each sequence's own fixed-size state, taken from
+//! the sequence for the step.
+
+use std::cell::OnceCell;
 
 use candle_core::{Result, Tensor};
 
 use super::kv_pool::KvPool;
-use crate::layers::causal_gqa;
+use crate::layers::{causal_gqa, softmax_f32};
 use crate::models::{RecurrentState, StepCache};
 
 pub struct SeqRun {
@@ -29,11 +32,83 @@ pub struct PagedStep<'a> {
     pub runs: Vec<SeqRun>,
     /// Slot of every packed token, broadcast for `KvPool::write`.
     write_index: Tensor,
+    /// The batched path's indices and mask, built at the step's first attention layer.
+    batch: OnceCell<Batch>,
 }
 
 impl<'a> PagedStep<'a> {
     pub fn new(pool: &'a KvPool, runs: Vec<SeqRun>, write_index: Tensor) -> Self {
-        PagedStep { pool, runs, write_index }
+        PagedStep { pool, runs, write_index, batch: OnceCell::new() }
+    }
+}
+
+/// Every run of a step padded to the longest run (queries) and the longest context (keys):
+/// the same for all layers of the step, so built once.
+struct Batch {
+    /// `[R·Lmax]` slots: each run's context, padded with its last slot (masked out).
+    slots: Tensor,
+    /// `[R·Qmax]` rows of the packed queries, padded with the run's first row.
+    rows: Tensor,
+    /// `[R, Qmax, Lmax]` additive mask (0 or −inf): padding and the future hidden.
+    mask: Tensor,
+    /// `[T]` rows of the padded output that are real tokens, in packed order.
+    keep: Tensor,
+    qmax: usize,
+    lmax: usize,
+}
+
+impl Batch {
+    fn new(runs: &[SeqRun], dev: &candle_core::Device) -> Result<Batch> {
+        let qmax = runs.iter().map(|r| r.len).max().unwrap_or(1);
+        let lmax = runs.iter().map(|r| r.slots.len()).max().unwrap_or(1);
+        let (mut slots, mut rows, mut mask, mut keep) = (vec![], vec![], vec![], vec![]);
+        for (i, r) in runs.iter().enumerate() {
+            let past = r.slots.len() - r.len;
+            slots.extend(r.slots.iter().copied().chain(std::iter::repeat(*r.slots.last().unwrap_or(&0))).take(lmax));
+            rows.extend((0..qmax).map(|t| (r.start + t.min(r.len - 1)) as u32));
+            keep.extend((0..r.len).map(|t| (i * qmax + t) as u32));
+            // A padded query row sees its run's keys like the last real row (its output is dropped).
+            for t in 0..qmax {
+                let sees = past + t.min(r.len - 1);
+                mask.extend((0..lmax).map(|j| if j <= sees { 0f32 } else { f32::NEG_INFINITY }));
+            }
+        }
+        let r = runs.len();
+        Ok(Batch {
+            slots: Tensor::new(slots, dev)?,
+            rows: Tensor::new(rows, dev)?,
+            mask: Tensor::from_vec(mask, (r, qmax, lmax), dev)?,
+            keep: Tensor::new(keep, dev)?,
+            qmax,
+            lmax,
+        })
+    }
+}
+
+impl PagedStep<'_> {
+    /// All runs in one computation: one gather of every context from the pool, one masked
+    /// grouped-query product. `q: [T, H, d]` → `[T, H·d]`, equal to `causal_gqa` per run.
+    fn batched(&self, layer: usize, q: &Tensor, scale: f64) -> Result<Tensor> {
+        let (_, h, d) = q.dims3()?;
+        let b = match self.batch.get() {
+            Some(b) => b,
+            None => {
+                let b = Batch::new(&self.runs, q.device())?;
+                self.batch.get_or_init(|| b)
+            }
+        };
+        let (r, kvh) = (self.runs.len(), self.pool.layer(layer).map_err(candle_core::Error::wrap)?.2);
+        let g = h / kvh;
+        let (k, v) = self.pool.gather(layer, &b.slots).map_err(candle_core::Error::wrap)?;
+        let kv = |x: Tensor| x.reshape((r, b.lmax, kvh, d))?.permute((0, 2, 1, 3))?.contiguous(); // [R, KV, L, d]
+        let (k, v) = (kv(k)?, kv(v)?);
+        // [R, KV, G·Qmax, d]: each kv head serves its group of query heads.
+        let q = q.index_select(&b.rows, 0)?.reshape((r, b.qmax, kvh, g, d))?.permute((0, 2, 3, 1, 4))?.reshape((r, kvh, g * b.qmax, d))?;
+        let att = (q.contiguous()?.matmul(&k.transpose(2, 3)?.contiguous()?)? * scale)?;
+        let mask = b.mask.repeat((1, g, 1))?.unsqueeze(1)?.to_dtype(att.dtype())?;
+        let att = softmax_f32(&att.broadcast_add(&mask)?)?.to_dtype(v.dtype())?;
+        let out = att.matmul(&v)?.reshape((r, kvh, g, b.qmax, d))?.permute((0, 3, 1, 2, 4))?.reshape((r * b.qmax, h * d))?;
+        out.index_select(&b.keep, 0)
     }
 }
 
@@ -44,6 +119,9 @@ impl StepCache for PagedStep<'_> {
 
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
         self.pool.write(layer, &self.write_index, k, v).map_err(candle_core::Error::wrap)?;
+        if !crate::cpu::host_paths(q.device()) {
+            return self.batched(layer, q, scale);
+        }
         // Every one-token run goes through the decode kernel, whatever else shares the step: a
         // sequence's token is then computed the same way whether or not another sequence's
         // prefill chunk is in its step (the two kernels round differently in bf16, and which
@@ -82,5 +160,54 @@ impl StepCache for PagedStep<'_> {
     fn recurrent(&mut self, layer: usize, run: usize) -> Result<&mut RecurrentState> {
         let r = self.runs.get_mut(run).ok_or_else(|| candle_core::Error::Msg(format!("no run {run} in this step")))?;
         r.recurrent.get_mut(layer).ok_or_else(|| candle_core::Error::Msg(format!("layer {layer} has no recurrent state")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::{LayerKind, ModelSpec, SpecialIds};
+    use candle_core::{DType, Device};
+
+    /// A mixed step (two decode runs, a prefill chunk after a cached past, a fresh prefill,
+    /// contexts of different lengths in scattered slots): the one batched computation equals
+    /// causal attention run by run.
+    #[test]
+    fn batched_attention_equals_attention_per_run() -> anyhow::Result<()> {
+        let spec = ModelSpec {
+            model_type: "test".into(),
+            layers: vec![LayerKind::Attention],
+            num_kv_heads: 2,
+            head_dim: 8,
+            hidden_size: 32,
+            vocab_size: 16,
+            max_context: 64,
+            special: SpecialIds { image: 1, video: 2, vision_start: 3, vision_end: 4, eos: vec![] },
+            vision: None,
+        };
+        let dev = Device::Cpu;
+        let pool = KvPool::new(&spec, 8, 4, DType::F32, &dev)?;
+        let all: Vec<u32> = (0..32).collect();
+        let (k, v) = (crate::testing::randn(1, (32, 2, 8), 1.0)?, crate::testing::randn(2, (32, 2, 8), 1.0)?);
+        pool.write(0, &pool.write_index(&all, &dev)?, &k, &v)?;
+        let contexts: [(Vec<u32>, usize); 4] = [((0..5).collect(), 1), ((8..17).collect(), 1), ((20..27).rev().collect(), 3), ((28..32).collect(), 4)];
+        let (mut runs, mut start) = (vec![], 0);
+        for (slots, len) in contexts {
+            runs.push(SeqRun { start, len, context_slots: Tensor::new(slots.as_slice(), &dev)?, slots, recurrent: vec![] });
+            start += len;
+        }
+        let q = crate::testing::randn(3, (start, 4, 8), 1.0)?;
+        let mut want = vec![];
+        for r in &runs {
+            let (kc, vc) = pool.gather(0, &r.context_slots)?;
+            want.push(causal_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, 0.35)?);
+        }
+        let want = Tensor::cat(&want, 0)?;
+        let step = PagedStep::new(&pool, runs, Tensor::zeros(1, DType::U32, &dev)?);
+        let got = step.batched(0, &q, 0.35)?;
+        assert_eq!(got.dims(), want.dims());
+        let err = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(err < 1e-6, "{err}");
+        Ok(())
     }
 }

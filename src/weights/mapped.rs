@@ -19,7 +19,7 @@ use candle_core::{DType, Device, Result, Tensor};
 /// whole; `dims` is the result's shape (rows = the product of all but the last).
 pub fn quantize_bands(rows: usize, k: usize, format: GgmlDType, dims: Vec<usize>, dev: &Device, band: impl Fn(usize, usize) -> Result<Tensor> + Sync) -> Result<QTensor> {
     use rayon::prelude::*;
-    if k % format.block_size() != 0 {
+    if !k.is_multiple_of(format.block_size()) {
         candle_core::bail!("{format:?} needs rows of a multiple of {} values, not {k}", format.block_size());
     }
     let band_rows = (crate::cpu::pages::BAND_BYTES / 4 / (k * 4).max(1)).max(1);
