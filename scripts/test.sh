@@ -18,7 +18,8 @@ for level in avx2 portable; do
 done
 # The device path, proven on the CPU (MERG_CPU_KERNELS=generic): Qwen3.5's Gated DeltaNet rule
 # as tensor operations with its state kept as tensors, and every step's attention as one
-# batched computation, against the same goldens and the paged engines' tests.
-MERG_CPU_KERNELS=generic cargo test --test engine --test hybrid
+# batched computation, sampling settled on the device (one read-back per step), against the
+# same goldens and the paged engines' tests.
+MERG_CPU_KERNELS=generic cargo test --test engine --test hybrid --test constrained
 MERG_CPU_KERNELS=generic cargo test --test parity -- qwen3_5
 cargo test --doc

@@ -103,7 +103,16 @@ impl Sampler {
     /// As `sample`, choosing only among `allowed` tokens. The log-prob stays the unmasked
     /// model's, so perplexity means the same with and without constraints.
     pub fn sample_masked(&mut self, logits: &Tensor, allowed: Option<&[bool]>) -> Result<(u32, f32)> {
-        let raw: Vec<f32> = logits.to_vec1()?;
+        self.sample_row(&logits.to_vec1::<f32>()?, allowed)
+    }
+
+    /// Greedy (temperature 0): the pick is the argmax, which a device can find without the row.
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature == 0.0
+    }
+
+    /// As `sample_masked`, on a row already on the host.
+    pub fn sample_row(&mut self, raw: &[f32], allowed: Option<&[bool]>) -> Result<(u32, f32)> {
         if raw.is_empty() {
             bail!("empty logits");
         }
@@ -111,13 +120,11 @@ impl Sampler {
         if let Some(bad) = raw.iter().find(|x| !x.is_finite()) {
             return Err(NonFiniteLogits(*bad).into());
         }
-        let lse = log_sum_exp(&raw);
+        let lse = log_sum_exp(raw);
         let masked;
         let pick_from = match allowed {
             Some(mask) => {
-                if !mask.iter().any(|&a| a) {
-                    bail!("the output constraint allows no token");
-                }
+                check_mask(mask)?;
                 masked = raw
                     .iter()
                     .enumerate()
@@ -125,7 +132,7 @@ impl Sampler {
                     .collect::<Vec<f32>>();
                 &masked
             }
-            None => &raw,
+            None => raw,
         };
         let tok = if self.params.temperature == 0.0 {
             argmax(pick_from)
@@ -170,6 +177,14 @@ impl Sampler {
         }
         *idx.last().unwrap_or(&0)
     }
+}
+
+/// A constraint's mask must leave a token: otherwise the request fails (alone) with this error.
+pub fn check_mask(mask: &[bool]) -> Result<()> {
+    if !mask.iter().any(|&a| a) {
+        bail!("the output constraint allows no token");
+    }
+    Ok(())
 }
 
 fn argmax(v: &[f32]) -> u32 {
@@ -311,25 +326,37 @@ pub fn generate_constrained(
 /// count the tokens after this one (generated only / prompt + generated).
 pub fn sample_step(
     sampler: &mut Sampler,
-    constraint: Option<&mut (dyn TokenConstraint + '_)>,
+    mut constraint: Option<&mut (dyn TokenConstraint + '_)>,
     logits: &Tensor,
     vocab: usize,
     generated: usize,
     total: usize,
     ctx: usize,
 ) -> Result<(u32, f32, Option<FinishReason>)> {
-    let (tok, lp) = match constraint {
-        Some(c) => {
-            let mask = c.allowed(vocab)?;
-            let picked = sampler.sample_masked(logits, mask.as_deref())?;
-            c.commit(picked.0)?;
-            if c.is_finished() {
-                return Ok((picked.0, picked.1, Some(FinishReason::Stop)));
-            }
-            picked
-        }
-        None => sampler.sample(logits)?,
+    let mask = match constraint.as_deref_mut() {
+        Some(c) => c.allowed(vocab)?,
+        None => None,
     };
+    let picked = sampler.sample_masked(logits, mask.as_deref())?;
+    settle_step(sampler, constraint, picked, generated, total, ctx)
+}
+
+/// The end of a sampling step once `(token, log-prob)` is picked: the constraint commits it,
+/// and the step says whether generation ends (stop token, length, context, constraint done).
+pub fn settle_step(
+    sampler: &Sampler,
+    constraint: Option<&mut (dyn TokenConstraint + '_)>,
+    (tok, lp): (u32, f32),
+    generated: usize,
+    total: usize,
+    ctx: usize,
+) -> Result<(u32, f32, Option<FinishReason>)> {
+    if let Some(c) = constraint {
+        c.commit(tok)?;
+        if c.is_finished() {
+            return Ok((tok, lp, Some(FinishReason::Stop)));
+        }
+    }
     let finish = if sampler.params.stop_token_ids.contains(&tok) {
         Some(FinishReason::Stop)
     } else if generated >= sampler.params.max_new_tokens {

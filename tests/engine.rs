@@ -396,3 +396,48 @@ fn concurrent_requests_share_a_prefix_in_flight() {
     let s = on.stats();
     assert_eq!(s.prefix.cached_tokens + s.prefix.computed_tokens, s.prefix.prompt_tokens);
 }
+
+/// Sampling reads the step's logits back once, whatever the batch holds (greedy rows, a
+/// temperature-sampled row): at most one read-back per step, and one in every step that
+/// samples. With MERG_CPU_KERNELS=generic (scripts/test.sh) greedy rows are settled on the
+/// device and only four numbers each come back.
+#[test]
+fn one_read_back_per_step_for_a_batch() {
+    let mut e = engine("qwen2_5_vl", 256, true);
+    let mut reqs: Vec<ChatRequest> = (0..6).map(|i| mixed_request(i, 8)).collect();
+    reqs[5].sampling = SamplingParams { temperature: 0.8, top_p: 0.9, seed: 3, ..greedy(8) };
+    let out = e.run_all(reqs);
+    assert!(out.iter().all(|c| c.as_ref().map(|c| c.tokens.len() == 8).unwrap_or(false)), "{:?}", out.iter().map(|c| c.is_ok()).collect::<Vec<_>>());
+    let stats = e.stats();
+    println!("{} steps, {} read-backs", stats.steps, stats.readbacks);
+    assert!(stats.readbacks <= stats.steps && stats.readbacks >= 8, "{} read-backs in {} steps", stats.readbacks, stats.steps);
+}
+
+/// A constraint that allows nothing after its second token (an unsatisfiable schema state).
+struct Dead(usize);
+
+impl merg::generate::TokenConstraint for Dead {
+    fn allowed(&mut self, vocab: usize) -> anyhow::Result<Option<Vec<bool>>> {
+        Ok(Some(vec![self.0 < 2; vocab]))
+    }
+    fn commit(&mut self, _token: u32) -> anyhow::Result<()> {
+        self.0 += 1;
+        Ok(())
+    }
+    fn is_finished(&self) -> bool {
+        false
+    }
+}
+
+/// A request whose constraint leaves no token fails alone with that error (on the host path
+/// and, under MERG_CPU_KERNELS=generic, the device path); the others in its steps finish.
+#[test]
+fn unsatisfiable_constraint_fails_its_request_alone() {
+    let mut e = engine("qwen2_5_vl", 256, true);
+    let mut reqs: Vec<ChatRequest> = (0..3).map(|i| mixed_request(i, 6)).collect();
+    reqs[1].constraint = Some(Box::new(Dead(0)));
+    let out = e.run_all(reqs);
+    let err = out[1].as_ref().unwrap_err().to_string();
+    assert!(err.contains("allows no token"), "{err}");
+    assert!(out[0].as_ref().unwrap().tokens.len() == 6 && out[2].as_ref().unwrap().tokens.len() == 6);
+}

@@ -132,3 +132,15 @@ fn sixty_four_dialogues_on_eight_state_slots() {
     let want: Vec<Vec<u32>> = (0..64).map(|i| tokens(&solo.run_all(vec![call(i * 7 % 13, i % 5, 6)]))[0].clone()).collect();
     assert_eq!(tokens(&got), want);
 }
+
+/// Qwen3.5: the recurrent layers add no read-back (their state stays a tensor on the device
+/// path): at most one per step, one in every step that samples.
+#[test]
+fn hybrid_one_read_back_per_step() {
+    let mut e = engine(512, true, sched(8, 64));
+    let out = e.run_all(workload(8));
+    assert!(out.iter().all(|c| c.is_ok()));
+    let stats = e.stats();
+    println!("{} steps, {} read-backs", stats.steps, stats.readbacks);
+    assert!(stats.readbacks <= stats.steps && stats.readbacks >= 5, "{} read-backs in {} steps", stats.readbacks, stats.steps);
+}

@@ -18,7 +18,7 @@ use super::scheduler::{Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence, Status};
 use super::vision_cache::{lock, VisionCache};
 use crate::checkpoint::Checkpoint;
-use crate::generate::{sample_step, FinishReason, NonFiniteLogits, Sampler, SamplingParams, TokenConstraint};
+use crate::generate::{FinishReason, NonFiniteLogits, Sampler, SamplingParams, TokenConstraint};
 use crate::models::{Deepstack, Model, PromptInputs, RecurrentState};
 use super::state_cache::StateCache;
 
@@ -70,6 +70,8 @@ pub struct EngineStats {
     pub vision_misses: u64,
     pub late_preprocessing: u64,
     pub steps: u64,
+    /// Reads of a tensor back to the host in the step path: one per step that samples.
+    pub readbacks: u64,
     pub preemptions: u64,
     pub num_blocks: usize,
     /// Blocks not held by a request in flight (cached-but-unreferenced blocks count as free).
@@ -113,6 +115,8 @@ pub struct Engine {
     origin: String,
     /// Hybrid models with prefix caching: recurrent-state snapshots.
     states: Option<StateCache>,
+    /// Tensors read back to the host by the step code (`sampling::read_back`).
+    readbacks: u64,
 }
 
 impl Engine {
@@ -142,6 +146,7 @@ impl Engine {
             vision_cache,
             next_id: 0,
             steps: 0,
+            readbacks: 0,
             preemptions: 0,
             late_preprocessing: 0,
             origin,
@@ -165,6 +170,7 @@ impl Engine {
             vision_misses: vc.1,
             late_preprocessing: self.late_preprocessing,
             steps: self.steps,
+            readbacks: self.readbacks,
             // Finished sequences' preemptions plus those of sequences still in flight.
             preemptions: self.preemptions + self.seqs.values().map(|s| s.preemptions as u64).sum::<u64>(),
             num_blocks: self.pool.num_blocks,
@@ -390,9 +396,12 @@ impl Engine {
             let idx = Tensor::new(rows.as_slice(), &dev)?;
             let logits = model.logits(&hidden.index_select(&idx, 0)?)?;
             let vocab = model.spec().vocab_size;
-            for (i, id) in samplers.into_iter().enumerate() {
-                let s = self.seqs.get_mut(&id).expect("scheduled");
-                match sample_next(s, &logits.get(i)?, vocab) {
+            let mut by_id: HashMap<SeqId, &mut Sequence> = self.seqs.iter_mut().filter(|(id, _)| samplers.contains(id)).map(|(id, s)| (*id, s)).collect();
+            let mut seqs: Vec<&mut Sequence> = samplers.iter().map(|id| by_id.remove(id).expect("scheduled")).collect();
+            let picked = super::sampling::sample_rows(&logits, &mut seqs, vocab, &mut self.readbacks);
+            drop(seqs);
+            for (id, res) in samplers.into_iter().zip(picked) {
+                match res {
                     Ok((tok, lp, done)) => {
                         out.tokens.push((id, tok, lp));
                         if done {
@@ -477,17 +486,6 @@ fn seq_embeds(s: &Sequence, a: usize, b: usize, model: &dyn Model) -> anyhow::Re
         parts.push(model.embed_tokens(&s.tokens[g..b])?);
     }
     Ok(if parts.len() == 1 { parts.pop().expect("one part") } else { Tensor::cat(&parts, 0)? })
-}
-
-/// Samples one token; returns it, its log-prob, and whether the sequence is finished.
-fn sample_next(s: &mut Sequence, logits: &Tensor, vocab: usize) -> anyhow::Result<(u32, f32, bool)> {
-    let (generated, total) = (s.generated().len() + 1, s.tokens.len() + 1);
-    let (tok, lp, finish) =
-        sample_step(&mut s.sampler, s.constraint.as_deref_mut(), logits, vocab, generated, total, s.max_context)?;
-    s.tokens.push(tok);
-    s.logprobs.push(lp);
-    s.finish = finish;
-    Ok((tok, lp, finish.is_some()))
 }
 
 /// Token count after the last vision-end token of a prompt (the end of the media a prompt

@@ -7,6 +7,7 @@
 //! - `block_manager`: which pool blocks each sequence owns; prefix-cache hashing and LRU.
 //! - `kv_pool`: the K/V tensors of the attention layers (scatter writes, gathered reads).
 //! - `paged_attention`: the model's `StepCache` over the pool for a packed step.
+//! - `sampling`: every sequence of a step sampled with one read-back from the device.
 //! - `scheduler`: continuous batching with chunked prefill and preemption.
 //! - `vision_cache`: encoded images by content hash.
 //! - `constraint`: JSON-schema constrained decoding (llguidance).
@@ -22,6 +23,7 @@ pub mod handle;
 pub mod kv_pool;
 pub mod paged_attention;
 pub mod request;
+pub mod sampling;
 pub mod scheduler;
 pub mod state_cache;
 pub mod sequence;
