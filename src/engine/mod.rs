@@ -13,6 +13,9 @@
 //! - `constraint`: JSON-schema constrained decoding (llguidance).
 //! - `error`: the typed error every public call returns.
 //! - `engine`: ties them together; `handle`: a thread-safe front door with event streams.
+// No tensor is read back to the host here except through `engine::sampling::read_back` or
+// where a site says why its tensor is on the host (.clippy.toml; tests may read freely).
+#![cfg_attr(not(test), warn(clippy::disallowed_methods))]
 
 pub mod block_manager;
 pub mod constraint;

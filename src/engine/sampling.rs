@@ -16,6 +16,7 @@ use crate::generate::{check_mask, settle_step, FinishReason, NonFiniteLogits};
 use super::sequence::Sequence;
 
 /// The only way step code reads a tensor back to the host: one f32 transfer, counted.
+#[allow(clippy::disallowed_methods)]
 pub fn read_back(t: &Tensor, count: &mut u64) -> candle_core::Result<Vec<f32>> {
     *count += 1;
     t.flatten_all()?.to_dtype(DType::F32)?.to_vec1()

@@ -76,7 +76,7 @@ impl GatedDeltaNet {
             in_z: linear(s.hidden, s.value_dim(), false, w.pp("in_proj_z"))?,
             in_b: linear(s.hidden, d.v_heads, false, w.pp("in_proj_b"))?,
             in_a: linear(s.hidden, d.v_heads, false, w.pp("in_proj_a"))?,
-            conv: conv.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?,
+            conv: super::host_vec(&conv.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)?,
             conv_taps: conv.to_dtype(DType::F32)?.reshape((s.conv_dim(), s.conv_kernel))?.t()?.contiguous()?,
             dt_bias: w.vb().get_with_hints(d.v_heads, "dt_bias", candle_nn::Init::Const(1.0))?.to_dtype(DType::F32)?,
             neg_a: a_log.to_dtype(DType::F32)?.exp()?.neg()?,
@@ -150,7 +150,7 @@ impl GatedDeltaNet {
     fn rule_on_host(&self, mixed: &Tensor, beta: &Tensor, g: &Tensor, layer: usize, cache: &mut dyn StepCache) -> Result<Tensor> {
         let (t, s) = (mixed.dim(0)?, self.shape);
         let (mixed, beta, g): (Vec<f32>, Vec<f32>, Vec<f32>) =
-            (mixed.flatten_all()?.to_vec1()?, beta.flatten_all()?.to_vec1()?, g.flatten_all()?.to_vec1()?);
+            (super::host_vec(mixed)?, super::host_vec(beta)?, super::host_vec(g)?);
         let mut core = Vec::with_capacity(t * s.value_dim());
         for (run, (start, len)) in cache.runs(t).into_iter().enumerate() {
             let state = cache.recurrent(layer, run)?;
@@ -181,7 +181,7 @@ fn softplus(x: &Tensor) -> Result<Tensor> {
 /// A state tensor as host f32 (zeros when the sequence has none yet).
 fn take_state(t: Option<Tensor>, len: usize) -> Result<Vec<f32>> {
     match t {
-        Some(t) => t.flatten_all()?.to_vec1(),
+        Some(t) => super::host_vec(&t.to_device(&Device::Cpu)?),
         None => Ok(vec![0f32; len]),
     }
 }

@@ -268,7 +268,7 @@ fn cpu_matvec(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
         return Ok(None);
     }
     let xs: Vec<f32> = match x.dtype() {
-        DType::F32 => x.flatten_all()?.to_vec1()?,
+        DType::F32 => super::host_vec(x)?,
         _ => vec![],
     };
     let mut out = vec![0f32; rows * n];
@@ -280,7 +280,7 @@ fn cpu_matvec(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
         match w.dtype() {
             DType::F32 => crate::cpu::matvec::matvec(&xs, rows, k, &cpu.as_slice::<f32>()?[off..off + n * k], n, &mut out, level),
             DType::BF16 => {
-                let xb: Vec<half::bf16> = x.flatten_all()?.to_vec1()?;
+                let xb: Vec<half::bf16> = super::host_vec(x)?;
                 crate::cpu::matvec::matvec_bf16(&xb, rows, k, &cpu.as_slice::<half::bf16>()?[off..off + n * k], n, &mut out, level)
             }
             _ => return Ok(None),
@@ -324,7 +324,7 @@ fn cpu_widened_bf16(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 /// in `x`'s dtype.
 fn packed<T: candle_core::WithDType>(x: &Tensor, (n, k): (usize, usize), matmul: impl Fn(&[T], usize, &mut [f32]), bias: Option<&Tensor>) -> Result<Tensor> {
     let rows = packed_rows(x, k)?;
-    let xs: Vec<T> = x.flatten_all()?.to_dtype(T::DTYPE)?.to_vec1()?;
+    let xs: Vec<T> = super::host_vec(&x.to_dtype(T::DTYPE)?)?;
     let mut out = vec![0f32; rows * n];
     matmul(&xs, rows, &mut out);
     packed_output(x, out, n, bias)
@@ -342,7 +342,7 @@ fn packed_rows(x: &Tensor, k: usize) -> Result<usize> {
 /// dtype. The bias joins in f32 before the one rounding to bf16, as a bf16 `addmm` does.
 fn packed_output(x: &Tensor, mut out: Vec<f32>, n: usize, bias: Option<&Tensor>) -> Result<Tensor> {
     if let Some(b) = bias {
-        crate::cpu::elementwise::add_rows(&mut out, &b.to_dtype(DType::F32)?.to_vec1::<f32>()?);
+        crate::cpu::elementwise::add_rows(&mut out, &super::host_vec::<f32>(&b.to_dtype(DType::F32)?)?);
     }
     let mut shape = x.dims().to_vec();
     *shape.last_mut().expect("rank ≥ 1") = n;

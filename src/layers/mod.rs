@@ -11,6 +11,9 @@
 //!   delta rule, chunked and recurrent;
 //! - `step_cache`: the `StepCache` seam layers call for K/V and recurrent state;
 //! - `vision`: the ViT block, patch embedding and 2-D rotary of every Qwen vision tower.
+// No tensor is read back to the host here except through `engine::sampling::read_back` or
+// where a site says why its tensor is on the host (.clippy.toml; tests may read freely).
+#![cfg_attr(not(test), warn(clippy::disallowed_methods))]
 
 pub mod attention;
 pub mod delta_net;
@@ -25,7 +28,7 @@ pub mod rotary;
 pub mod step_cache;
 pub mod vision;
 
-use candle_core::{Result, Tensor, D};
+use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};
 
 pub use attention::{causal_gqa, causal_mask, dense_attention, softmax_f32};
@@ -62,9 +65,14 @@ pub fn act(a: Act, x: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// Index of the max along the last dim of a 1-D f32 tensor, on the host.
-pub fn argmax_last(x: &Tensor) -> Result<u32> {
-    x.argmax(D::Minus1)?.to_scalar::<u32>()
+/// The values of a tensor already in host memory (a CPU path's input): a copy, not a transfer.
+/// A tensor on a GPU is an error here, so a device path cannot read back unseen.
+#[allow(clippy::disallowed_methods)]
+pub fn host_vec<T: candle_core::WithDType>(x: &Tensor) -> Result<Vec<T>> {
+    if !x.device().is_cpu() {
+        candle_core::bail!("host_vec of a tensor on {:?}: device tensors are read back through engine::sampling::read_back", x.device().location());
+    }
+    x.flatten_all()?.to_vec1()
 }
 
 /// `a + b` for tensors of one shape and dtype (a decoder layer's residual adds): on the CPU,

@@ -71,6 +71,9 @@ impl SparseMoe {
     /// Each token's chosen experts and their weights, from router logits `[T, E]`.
     fn route(&self, logits: &Tensor) -> Result<Vec<Vec<(usize, f32)>>> {
         let probs = candle_nn::ops::softmax_last_dim(&logits.to_dtype(DType::F32)?)?;
+        // Off the CPU this is a read-back per MoE layer and step, the device path's one
+        // remaining host trip (Qwen3-VL-MoE): the experts are dispatched from the host.
+        #[allow(clippy::disallowed_methods)]
         let rows: Vec<Vec<f32>> = probs.to_vec2()?;
         Ok(rows.into_iter().map(|p| top_k(&p, self.shape.top_k, self.shape.norm_topk)).collect())
     }

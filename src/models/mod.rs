@@ -2,6 +2,9 @@
 //! `Model` and its `ModelSpec`; each family lives in its own folder (`qwen2_vl/` serves
 //! Qwen2-VL and Qwen2.5-VL) and is found by `registry::load` from the checkpoint's
 //! `model_type`. Shared blocks are in `crate::layers`, weight sources in `crate::weights`.
+// No tensor is read back to the host here except through `engine::sampling::read_back` or
+// where a site says why its tensor is on the host (.clippy.toml; tests may read freely).
+#![cfg_attr(not(test), warn(clippy::disallowed_methods))]
 
 pub mod cache;
 pub mod cost;
