@@ -100,6 +100,17 @@ pub struct BenchAgentsArgs {
     /// (cache on, cache off) pairs to run; the reported wall ratio is their median.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Send the same workload to this OpenAI-compatible server (llama-server, e.g.
+    /// http://127.0.0.1:8080) instead of running it here; prints the server's counts.
+    #[arg(long, conflicts_with_all = ["model", "quant"])]
+    server: Option<String>,
+    /// With --server: `stage` (every dialogue's call of one agent, then the next agent) or
+    /// `dialogue` (each dialogue's calls back to back).
+    #[arg(long, default_value = "stage", requires = "server", value_parser = ["stage", "dialogue"])]
+    order: String,
+    /// With --server: requests in flight at once (start the server with as many slots).
+    #[arg(long, default_value_t = 1, requires = "server")]
+    slots: usize,
     #[arg(long, default_value = "cpu")]
     device: String,
     #[arg(long)]
@@ -453,6 +464,12 @@ pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
             })),
         })
         .collect::<Result<_>>()?;
+    if let Some(url) = &a.server {
+        let order = if a.order == "dialogue" { merg::bench::server::Order::Dialogue } else { merg::bench::server::Order::Stage };
+        let run = merg::bench::server::run_on_server(url, order, a.slots, a.dialogues, a.new_tokens, &frames).map_err(|e| anyhow::anyhow!("--server {url}: {e:#}"))?;
+        println!("{}", serde_json::to_string_pretty(&run)?);
+        return Ok(());
+    }
     let quant = a.quant.as_deref().map(merg::weights::Quant::parse).transpose().map_err(|e| anyhow::anyhow!("--quant: {e:#}"))?;
     let make: Box<dyn Fn() -> Result<Checkpoint>> = match &a.model {
         Some(m) => {

@@ -15,6 +15,8 @@ use crate::generate::{SamplingParams, VisionInput};
 use crate::checkpoint::Checkpoint;
 use crate::vision::Media;
 
+pub mod server;
+
 /// Agent instructions, in pipeline order, the refinement round re-running agents 2–4.
 const AGENTS: [(&str, &str); 5] = [
     ("MPA", "You are the multimodal perception agent. List concrete textual cues from the dialogue and visual cues from the keyframe (facial expression, posture, scene), each tied to its source turn or frame. Answer in JSON."),
@@ -24,6 +26,11 @@ const AGENTS: [(&str, &str); 5] = [
     ("GRA", "You are the global reflection agent. Audit the evidence, the emotion, the plan and the reply in order; for each say pass or fail with a correction, and name the earliest faulty agent. Answer in JSON."),
 ];
 const REFINE: [usize; 3] = [1, 2, 3];
+
+/// Every dialogue's agent calls in order: the five agents, then the refinement round.
+fn schedule() -> Vec<usize> {
+    (0..AGENTS.len()).chain(REFINE).collect()
+}
 
 /// Short sitcom-style dialogues (speaker, utterance); lengths resemble MELD's.
 const DIALOGUES: [&[(&str, &str)]; 4] = [
@@ -102,7 +109,7 @@ pub fn run_once(
     keyframes: &[image::RgbImage],
 ) -> Result<RunReport> {
     let mut engine = Engine::new(make_checkpoint()?, cfg.clone())?;
-    let schedule: Vec<usize> = (0..AGENTS.len()).chain(REFINE).collect();
+    let schedule = schedule();
     let mut outputs: Vec<Vec<(usize, String)>> = vec![vec![]; dialogues];
     let t0 = Instant::now();
     let mut requests = 0;
