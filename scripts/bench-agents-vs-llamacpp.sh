@@ -89,7 +89,7 @@ for f in "${GGUFS[@]}"; do
   for D in $DIALOGUES; do
     WORK=(--dialogues "$D" --new-tokens "$NEW" --keyframes "$FRAMES")
     echo "== $name, $D dialogues: merg"
-    "${KERNELS[@]}" "$MERG" bench-agents --model "$f" --mmproj "$mmproj" "${WORK[@]}" --repeats 1 > "$OUT/$name-$D-merg.json" \
+    "${KERNELS[@]}" "$MERG" bench-agents --model "$f" --mmproj "$mmproj" "${WORK[@]}" --repeats 0 > "$OUT/$name-$D-merg.json" \
       || die "merg bench-agents failed on $f"
     for slots in 1 4; do
       for order in stage dialogue; do

@@ -97,7 +97,8 @@ pub struct BenchAgentsArgs {
     keyframes: usize,
     #[arg(long, default_value_t = 448)]
     keyframe_size: u32,
-    /// (cache on, cache off) pairs to run; the reported wall ratio is their median.
+    /// (cache on, cache off) pairs to run; the reported wall ratio is their median. 0: the
+    /// cache-on run alone.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
     /// Send the same workload to this OpenAI-compatible server (llama-server, e.g.
