@@ -72,6 +72,7 @@ pub struct EngineStats {
     pub steps: u64,
     /// Reads of a tensor back to the host in the step path: one per step that samples.
     pub readbacks: u64,
+    pub times: Times,
     pub preemptions: u64,
     pub num_blocks: usize,
     /// Blocks not held by a request in flight (cached-but-unreferenced blocks count as free).
@@ -117,6 +118,17 @@ pub struct Engine {
     states: Option<StateCache>,
     /// Tensors read back to the host by the step code (`sampling::read_back`).
     readbacks: u64,
+    times: Times,
+}
+
+/// Where an engine's wall time went, in seconds: admitting requests (preprocessing, the
+/// vision tower, prompt embeddings), steps that computed prompt tokens (prefill, possibly
+/// with decode tokens beside them), and steps that only decoded.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Times {
+    pub admit_s: f64,
+    pub prefill_steps_s: f64,
+    pub decode_steps_s: f64,
 }
 
 impl Engine {
@@ -147,6 +159,7 @@ impl Engine {
             next_id: 0,
             steps: 0,
             readbacks: 0,
+            times: Times::default(),
             preemptions: 0,
             late_preprocessing: 0,
             origin,
@@ -171,6 +184,7 @@ impl Engine {
             late_preprocessing: self.late_preprocessing,
             steps: self.steps,
             readbacks: self.readbacks,
+            times: self.times,
             // Finished sequences' preemptions plus those of sequences still in flight.
             preemptions: self.preemptions + self.seqs.values().map(|s| s.preemptions as u64).sum::<u64>(),
             num_blocks: self.pool.num_blocks,
@@ -219,8 +233,11 @@ impl Engine {
 
     /// Prepares (on this thread) and queues a request. Fails for this request only.
     pub fn add_request(&mut self, req: ChatRequest) -> EngineResult<SeqId> {
-        let prepared = self.preparer.prepare(req)?;
-        self.add_prepared(prepared)
+        let t0 = std::time::Instant::now();
+        let prepared = self.preparer.prepare(req);
+        let id = prepared.and_then(|p| self.add_prepared(p));
+        self.times.admit_s += t0.elapsed().as_secs_f64();
+        id
     }
 
     /// Encodes the request's media through the vision cache, builds its decoder inputs and
@@ -317,10 +334,18 @@ impl Engine {
     /// One scheduling step: the tokens it sampled and the requests that finished in it. A
     /// failed step is an internal error (every request in flight is affected).
     pub fn step(&mut self) -> EngineResult<StepOutput> {
-        self.step_inner().map_err(EngineError::internal)
+        let t0 = std::time::Instant::now();
+        let (out, prefill) = self.step_inner().map_err(EngineError::internal)?;
+        let t = t0.elapsed().as_secs_f64();
+        match prefill {
+            true => self.times.prefill_steps_s += t,
+            false => self.times.decode_steps_s += t,
+        }
+        Ok(out)
     }
 
-    fn step_inner(&mut self) -> anyhow::Result<StepOutput> {
+    /// The step's output, and whether it computed prompt tokens.
+    fn step_inner(&mut self) -> anyhow::Result<(StepOutput, bool)> {
         let (chunks, overflow) = self.scheduler.schedule(&mut self.seqs, &mut self.bm, self.states.as_mut());
         let mut out = StepOutput::default();
         for id in overflow {
@@ -331,8 +356,9 @@ impl Engine {
             out.finished.push(self.finish(id)?);
         }
         if chunks.is_empty() {
-            return Ok(out);
+            return Ok((out, false));
         }
+        let prefill = chunks.iter().any(|c| c.len > 1);
         self.steps += 1;
         let model = self.model.clone();
         let dev = model.device().clone();
@@ -420,7 +446,7 @@ impl Engine {
                 }
             }
         }
-        Ok(out)
+        Ok((out, prefill))
     }
 
     /// Ends a request now, keeping what it generated (`FinishReason::Aborted`); `None` when it

@@ -32,7 +32,7 @@ pub mod state_cache;
 pub mod sequence;
 pub mod vision_cache;
 
-pub use engine::{Completion, Engine, EngineConfig, EngineStats, StepOutput};
+pub use engine::{Completion, Engine, EngineConfig, EngineStats, StepOutput, Times};
 pub use error::{EngineError, EngineResult};
 pub use handle::{EngineHandle, EngineThread, Event, RequestId, RequestStream, StreamEnded};
 pub use kv_pool::{parse_bytes, KvMemory};
