@@ -39,7 +39,15 @@ pub fn quantize_tensor(t: &Tensor, format: GgmlDType, dev: &Device) -> Result<QT
     let k = *dims.last().unwrap_or(&1);
     let rows = t.elem_count() / k.max(1);
     let flat = t.to_device(&Device::Cpu)?.reshape((rows, k))?;
-    quantize_bands(rows, k, format, dims, dev, |r0, n| flat.narrow(0, r0, n)?.to_dtype(DType::F32)?.contiguous())
+    // A band of its own storage: candle's quantizer reads the storage from its start, so a
+    // narrowed view (an f32 band of an f32 tensor) would quantize the first rows every time.
+    quantize_bands(rows, k, format, dims, dev, |r0, n| {
+        let band = flat.narrow(0, r0, n)?;
+        match band.dtype() {
+            DType::F32 => band.force_contiguous(),
+            _ => band.to_dtype(DType::F32),
+        }
+    })
 }
 
 /// One stored tensor inside a shared read-only mapping.
@@ -217,16 +225,18 @@ mod tests {
         Ok(())
     }
 
-    /// A tensor quantized on all threads (3-D, bf16, several bands) equals candle's serial
+    /// A tensor quantized on all threads (3-D, bf16 and f32, several bands) equals candle's serial
     /// quantizer's bytes; a row length off the block size is an error, not a panic.
     #[test]
     fn parallel_tensor_quantization_equals_candles() -> Result<()> {
-        let t = crate::testing::randn(11, (3, 9_000, 256), 1.0)?.to_dtype(DType::BF16)?;
-        for format in [GgmlDType::Q8_0, GgmlDType::Q6K] {
-            let got = quantize_tensor(&t, format, &Device::Cpu)?;
-            let want = QTensor::quantize(&t.to_dtype(DType::F32)?, format)?;
-            assert_eq!(got.shape().dims(), &[3, 9_000, 256]);
-            assert!(got.data()? == want.data()?, "{format:?}");
+        let f32s = crate::testing::randn(11, (3, 9_000, 256), 1.0)?;
+        for t in [f32s.to_dtype(DType::BF16)?, f32s] {
+            for format in [GgmlDType::Q8_0, GgmlDType::Q6K] {
+                let got = quantize_tensor(&t, format, &Device::Cpu)?;
+                let want = QTensor::quantize(&t.to_dtype(DType::F32)?, format)?;
+                assert_eq!(got.shape().dims(), &[3, 9_000, 256]);
+                assert!(got.data()? == want.data()?, "{format:?} from {:?}", t.dtype());
+            }
         }
         let odd = crate::testing::randn(1, (4, 100), 1.0)?;
         assert!(quantize_tensor(&odd, GgmlDType::Q4K, &Device::Cpu).unwrap_err().to_string().contains("multiple of 256"));
