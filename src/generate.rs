@@ -134,7 +134,7 @@ impl Sampler {
             }
             None => raw,
         };
-        let tok = if self.params.temperature == 0.0 {
+        let tok = if self.is_greedy() {
             argmax(pick_from)
         } else {
             self.sample_filtered(pick_from)

@@ -61,8 +61,8 @@ pub fn available_memory(device: &candle_core::Device) -> anyhow::Result<u64> {
     Ok(kb.map(|k| k * 1024).unwrap_or(4 << 30))
 }
 
-/// Opens a device by name and, on a GPU, keeps the memory tensors free in its allocation pool.
-/// candle allocates from CUDA's stream-ordered pool, which by default hands freed memory back
+/// On a GPU, keeps the memory tensors free in the device's allocation pool (called when a
+/// device is opened; nothing on the CPU). candle allocates from CUDA's stream-ordered pool, which by default hands freed memory back
 /// to the driver at every synchronisation (release threshold 0): each decode step, which reads
 /// its sampled token back, then maps its buffers anew. merg keeps it pooled, as PyTorch's
 /// caching allocator does, and counts the pooled slack as free (`available_memory`).

@@ -103,6 +103,13 @@ fn request(d: usize, agent: usize, upstream: &[(usize, String)], keyframes: &[im
     }
 }
 
+/// Keeps `agent`'s output for a dialogue's later agents; a refinement round replaces the
+/// stage's earlier output.
+fn record(outputs: &mut Vec<(usize, String)>, agent: usize, text: String) {
+    outputs.retain(|(a, _)| *a != agent);
+    outputs.push((agent, text));
+}
+
 /// Runs the workload on a fresh engine from `make_checkpoint`.
 pub fn run_once(
     make_checkpoint: &dyn Fn() -> Result<Checkpoint>,
@@ -120,10 +127,7 @@ pub fn run_once(
         let reqs = (0..dialogues).map(|d| request(d, agent, &outputs[d], keyframes, new_tokens)).collect::<Vec<_>>();
         requests += reqs.len();
         for (d, r) in engine.run_all(reqs).into_iter().enumerate() {
-            let c = r?;
-            // Upstream outputs feed later agents; a refinement round replaces the stage's output.
-            outputs[d].retain(|(a, _)| *a != agent);
-            outputs[d].push((agent, c.text));
+            record(&mut outputs[d], agent, r?.text);
         }
     }
     Ok(RunReport { prefix_caching: cfg.prefix_caching, wall_s: t0.elapsed().as_secs_f64(), requests, stats: engine.stats() })

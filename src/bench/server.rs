@@ -57,9 +57,7 @@ pub fn run_on_server(url: &str, order: Order, slots: usize, dialogues: usize, ne
         let upstream = outputs[d].lock().expect("outputs").clone();
         let req = super::request(d, agent, &upstream, keyframes, new_tokens);
         let (text, c) = post(url, &req, &images, new_tokens).with_context(|| format!("dialogue {d}, agent {}", super::AGENTS[agent].0))?;
-        let mut out = outputs[d].lock().expect("outputs");
-        out.retain(|(a, _)| *a != agent);
-        out.push((agent, text));
+        super::record(&mut outputs[d].lock().expect("outputs"), agent, text);
         let mut t = totals.lock().expect("totals");
         (t.computed, t.cached, t.generated) = (t.computed + c.computed, t.cached + c.cached, t.generated + c.generated);
         Ok(())
@@ -145,10 +143,10 @@ fn post(url: &str, req: &ChatRequest, images: &[String], new_tokens: usize) -> R
         .into_json()?;
     let text = resp["choices"][0]["message"]["content"].as_str().context("no choices[0].message.content in the answer")?.to_string();
     let t = &resp["timings"];
-    let n = |k: &str| t[k].as_u64().unwrap_or(0);
     if t.is_null() {
         anyhow::bail!("{url} gives no `timings` (is it llama-server?)");
     }
+    let n = |k: &str| t[k].as_u64().unwrap_or(0);
     Ok((text, Counts { computed: n("prompt_n"), cached: n("cache_n"), generated: n("predicted_n") }))
 }
 

@@ -49,7 +49,8 @@ struct Batch {
     slots: Tensor,
     /// `[R·Qmax]` rows of the packed queries, padded with the run's first row.
     rows: Tensor,
-    /// `[R, Qmax, Lmax]` additive mask (0 or −inf): padding and the future hidden.
+    /// `[R, 1, 1, Qmax, Lmax]` additive mask (0 or −inf) in the queries' dtype: padding and the
+    /// future hidden, broadcast over kv heads and their query groups.
     mask: Tensor,
     /// `[T]` rows of the padded output that are real tokens, in packed order.
     keep: Tensor,
@@ -58,7 +59,7 @@ struct Batch {
 }
 
 impl Batch {
-    fn new(runs: &[SeqRun], dev: &candle_core::Device) -> Result<Batch> {
+    fn new(runs: &[SeqRun], dev: &candle_core::Device, dtype: candle_core::DType) -> Result<Batch> {
         let qmax = runs.iter().map(|r| r.len).max().unwrap_or(1);
         let lmax = runs.iter().map(|r| r.slots.len()).max().unwrap_or(1);
         let (mut slots, mut rows, mut mask, mut keep) = (vec![], vec![], vec![], vec![]);
@@ -77,7 +78,7 @@ impl Batch {
         Ok(Batch {
             slots: Tensor::new(slots, dev)?,
             rows: Tensor::new(rows, dev)?,
-            mask: Tensor::from_vec(mask, (r, qmax, lmax), dev)?,
+            mask: Tensor::from_vec(mask, (r, 1, 1, qmax, lmax), dev)?.to_dtype(dtype)?,
             keep: Tensor::new(keep, dev)?,
             qmax,
             lmax,
@@ -93,7 +94,7 @@ impl PagedStep<'_> {
         let b = match self.batch.get() {
             Some(b) => b,
             None => {
-                let b = Batch::new(&self.runs, q.device())?;
+                let b = Batch::new(&self.runs, q.device(), q.dtype())?;
                 self.batch.get_or_init(|| b)
             }
         };
@@ -105,8 +106,8 @@ impl PagedStep<'_> {
         // [R, KV, G·Qmax, d]: each kv head serves its group of query heads.
         let q = q.index_select(&b.rows, 0)?.reshape((r, b.qmax, kvh, g, d))?.permute((0, 2, 3, 1, 4))?.reshape((r, kvh, g * b.qmax, d))?;
         let att = (q.contiguous()?.matmul(&k.transpose(2, 3)?.contiguous()?)? * scale)?;
-        let mask = b.mask.repeat((1, g, 1))?.unsqueeze(1)?.to_dtype(att.dtype())?;
-        let att = softmax_f32(&att.broadcast_add(&mask)?)?.to_dtype(v.dtype())?;
+        let att = att.reshape((r, kvh, g, b.qmax, b.lmax))?.broadcast_add(&b.mask)?;
+        let att = softmax_f32(&att)?.to_dtype(v.dtype())?.reshape((r, kvh, g * b.qmax, b.lmax))?;
         let out = att.matmul(&v)?.reshape((r, kvh, g, b.qmax, d))?.permute((0, 3, 1, 2, 4))?.reshape((r * b.qmax, h * d))?;
         out.index_select(&b.keep, 0)
     }

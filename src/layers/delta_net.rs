@@ -69,15 +69,15 @@ impl GatedDeltaNet {
                 s.conv_kernel
             );
         }
-        let conv = w.pp("conv1d").get((s.conv_dim(), 1, s.conv_kernel), "weight")?;
+        let conv = w.pp("conv1d").get((s.conv_dim(), 1, s.conv_kernel), "weight")?.to_dtype(DType::F32)?;
         let a_log = w.vb().get_with_hints(d.v_heads, "A_log", candle_nn::Init::Const(0.0))?;
         Ok(GatedDeltaNet {
             in_qkv: linear(s.hidden, s.conv_dim(), false, w.pp("in_proj_qkv"))?,
             in_z: linear(s.hidden, s.value_dim(), false, w.pp("in_proj_z"))?,
             in_b: linear(s.hidden, d.v_heads, false, w.pp("in_proj_b"))?,
             in_a: linear(s.hidden, d.v_heads, false, w.pp("in_proj_a"))?,
-            conv: super::host_vec(&conv.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)?,
-            conv_taps: conv.to_dtype(DType::F32)?.reshape((s.conv_dim(), s.conv_kernel))?.t()?.contiguous()?,
+            conv: super::host_vec(&conv.to_device(&Device::Cpu)?)?,
+            conv_taps: conv.reshape((s.conv_dim(), s.conv_kernel))?.t()?.contiguous()?,
             dt_bias: w.vb().get_with_hints(d.v_heads, "dt_bias", candle_nn::Init::Const(1.0))?.to_dtype(DType::F32)?,
             neg_a: a_log.to_dtype(DType::F32)?.exp()?.neg()?,
             norm: GatedRmsNorm::new(d.dv, eps, w.pp("norm"))?,

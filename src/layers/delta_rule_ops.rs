@@ -11,7 +11,7 @@
 //! halving: for M = [[A, 0], [B, D]], M⁻¹ = [[A⁻¹, 0], [−D⁻¹BA⁻¹, D⁻¹]], six levels for 64
 //! rows, every level one batched product over all heads and chunks.
 
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{Device, Result, Tensor, D};
 
 use super::delta_rule::CHUNK;
 
@@ -119,18 +119,18 @@ pub fn head_major(x: &Tensor, heads_to: usize) -> Result<Tensor> {
     x.unsqueeze(1)?.broadcast_as((h, heads_to / h, t, d))?.reshape((heads_to, t, d))
 }
 
-/// f32 tensor on `dev`, of the given shape, from a host slice.
-pub fn tensor(x: &[f32], shape: &[usize], dev: &Device) -> Result<Tensor> {
-    Tensor::from_slice(x, shape, dev)?.to_dtype(DType::F32)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::DType;
     use crate::layers::delta_rule::{self as host, Dims, Inputs};
 
     fn random(n: usize, seed: u64) -> Vec<f32> {
         crate::testing::randn(seed, n, 1.0).unwrap().to_vec1().unwrap()
+    }
+
+    fn tensor(x: &[f32], shape: &[usize], dev: &Device) -> Result<Tensor> {
+        Tensor::from_slice(x, shape, dev)
     }
 
     fn max_diff(a: &[f32], b: &[f32]) -> f32 {

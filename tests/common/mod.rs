@@ -16,15 +16,12 @@ pub fn fixtures() -> PathBuf {
 }
 
 /// The device the parity tests load models on: the CPU, or `MERG_TEST_DEVICE=cuda` (`cuda:N`)
-/// on a build with the `cuda` feature, where the same goldens check the device path.
+/// on a build with the `cuda` feature, where the same goldens check the device path. Opened as
+/// `--device` opens it.
 pub fn test_device() -> Device {
     match std::env::var("MERG_TEST_DEVICE").as_deref() {
-        Err(_) | Ok("") | Ok("cpu") => Device::Cpu,
-        Ok(d) => {
-            let ordinal = d.strip_prefix("cuda").map(|n| n.trim_start_matches(':').parse().unwrap_or(0));
-            let ordinal = ordinal.unwrap_or_else(|| panic!("MERG_TEST_DEVICE={d}: expected cpu, cuda or cuda:N"));
-            Device::new_cuda(ordinal).unwrap_or_else(|e| panic!("MERG_TEST_DEVICE={d}: {e}"))
-        }
+        Err(_) | Ok("") => Device::Cpu,
+        Ok(d) => merg::checkpoint::parse_device(d).unwrap_or_else(|e| panic!("MERG_TEST_DEVICE={d}: {e:#}")),
     }
 }
 
