@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 
-use crate::engine::constraint::TokenizerJson;
+use crate::tokenizer::TokenizerJson;
 use crate::gguf::GgufPaths;
 use crate::hub::ModelFiles;
 use crate::models::{self, Model};
@@ -115,7 +115,7 @@ impl Checkpoint {
 
     /// An already loaded model with a tokenizer (benchmarks drive the engine this way).
     pub fn from_model(model: Arc<dyn models::Model>, tokenizer: ChatTokenizer) -> Result<Self> {
-        let processor = Processor::new(Arc::new(tokenizer), PreprocessorConfig::for_spec(model.spec()), model.spec());
+        let processor = Processor::new(Arc::new(tokenizer), model.spec().default_preprocessor(), model.spec());
         processor.check_ids(model.spec())?;
         Ok(Checkpoint { model, processor, files: None, gguf: None, quant_stats: None, tokenizer_json: None })
     }

@@ -19,6 +19,13 @@ use std::path::Path;
 use std::str::FromStr;
 use tokenizers::Tokenizer;
 
+/// Where a checkpoint's tokenizer.json is: a file, or text rebuilt from a GGUF file.
+#[derive(Clone, Debug)]
+pub enum TokenizerJson {
+    File(std::path::PathBuf),
+    Text { origin: String, text: std::sync::Arc<str> },
+}
+
 /// Ids of the Qwen2-VL control tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpecialTokens {

@@ -48,12 +48,8 @@ impl std::fmt::Debug for ConstraintFactory {
     }
 }
 
-/// Where a checkpoint's tokenizer.json is: a file, or text rebuilt from a GGUF file.
-#[derive(Clone, Debug)]
-pub enum TokenizerJson {
-    File(std::path::PathBuf),
-    Text { origin: String, text: std::sync::Arc<str> },
-}
+
+pub use crate::tokenizer::TokenizerJson;
 
 impl ConstraintFactory {
     /// Builds the token trie from a HF `tokenizer.json`. `stop_token` ends every constrained

@@ -10,6 +10,7 @@ use candle_core::{DType, Device};
 use serde::Serialize;
 
 use super::file::{GgufFile, TensorInfo};
+pub use crate::weights::ledger::type_name;
 use crate::weights::TypeCount;
 
 /// llama.cpp's `LlamaFileType` values merg can read (gguf-py `constants.py`), with the type
@@ -42,26 +43,6 @@ pub fn file_type_label(id: u32) -> Option<String> {
     Some(if id == 0 { "ALL_F32".into() } else { format!("MOSTLY_{}", name.to_ascii_uppercase()) })
 }
 
-/// A ggml type in lower case, as llama.cpp's file names spell it (`q4_k`, `bf16`).
-pub fn type_name(t: GgmlDType) -> &'static str {
-    match t {
-        GgmlDType::F32 => "f32",
-        GgmlDType::F16 => "f16",
-        GgmlDType::BF16 => "bf16",
-        GgmlDType::Q4_0 => "q4_0",
-        GgmlDType::Q4_1 => "q4_1",
-        GgmlDType::Q5_0 => "q5_0",
-        GgmlDType::Q5_1 => "q5_1",
-        GgmlDType::Q8_0 => "q8_0",
-        GgmlDType::Q8_1 => "q8_1",
-        GgmlDType::Q2K => "q2_k",
-        GgmlDType::Q3K => "q3_k",
-        GgmlDType::Q4K => "q4_k",
-        GgmlDType::Q5K => "q5_k",
-        GgmlDType::Q6K => "q6_k",
-        GgmlDType::Q8K => "q8_k",
-    }
-}
 
 /// Each type with how many of `matrices` are stored in it, most first (ties: ggml order).
 fn tally(matrices: &[GgmlDType]) -> Vec<(GgmlDType, usize)> {

@@ -173,7 +173,7 @@ impl Preprocessing {
         let mut c = match &self.file {
             Some(p) => crate::vision::PreprocessorConfig::from_file(p)?,
             None => {
-                let mut c = crate::vision::PreprocessorConfig::for_spec(spec);
+                let mut c = spec.default_preprocessor();
                 c.image_mean = self.mean.unwrap_or(c.image_mean);
                 c.image_std = self.std.unwrap_or(c.image_std);
                 c.min_pixels = self.min_pixels.unwrap_or(c.min_pixels);

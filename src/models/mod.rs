@@ -97,6 +97,20 @@ impl ModelSpec {
     pub fn has_recurrent_layers(&self) -> bool {
         self.layers.iter().any(|k| matches!(k, LayerKind::Recurrent { .. }))
     }
+
+    /// What the family's released `preprocessor_config.json` holds, for a model built from
+    /// its config alone: patch geometry from the model, and Qwen3-VL's own mean/std and budget.
+    pub fn default_preprocessor(&self) -> crate::vision::PreprocessorConfig {
+        let mut c = crate::vision::PreprocessorConfig::default();
+        if let Some(v) = &self.vision {
+            (c.patch_size, c.merge_size, c.temporal_patch_size) = (v.patch_size, v.spatial_merge_size, v.temporal_patch_size);
+        }
+        if self.model_type.starts_with("qwen3") {
+            (c.image_mean, c.image_std) = ([0.5; 3], [0.5; 3]);
+            (c.min_pixels, c.max_pixels) = (65_536, 16_777_216);
+        }
+        c
+    }
 }
 
 /// Parameter counts of a model, from its config alone.

@@ -104,22 +104,6 @@ impl Default for PreprocessorConfig {
     }
 }
 
-impl PreprocessorConfig {
-    /// What a family's released `preprocessor_config.json` holds, for a model built from its
-    /// config alone: patch geometry from the model, and Qwen3-VL's own mean/std and budget.
-    pub fn for_spec(spec: &crate::models::ModelSpec) -> Self {
-        let mut c = Self::default();
-        if let Some(v) = &spec.vision {
-            (c.patch_size, c.merge_size, c.temporal_patch_size) = (v.patch_size, v.spatial_merge_size, v.temporal_patch_size);
-        }
-        if spec.model_type.starts_with("qwen3") {
-            (c.image_mean, c.image_std) = ([0.5; 3], [0.5; 3]);
-            (c.min_pixels, c.max_pixels) = (65_536, 16_777_216);
-        }
-        c
-    }
-}
-
 /// The largest `min_pixels` / `max_pixels` accepted (Qwen2.5-VL's default max is 12.8 M).
 pub const MAX_SANE_PIXELS: usize = 16384 * 16384;
 

@@ -27,6 +27,27 @@ impl TypeCount {
     }
 }
 
+/// A ggml type in lower case, as llama.cpp's file names spell it (`q4_k`, `bf16`).
+pub fn type_name(t: GgmlDType) -> &'static str {
+    match t {
+        GgmlDType::F32 => "f32",
+        GgmlDType::F16 => "f16",
+        GgmlDType::BF16 => "bf16",
+        GgmlDType::Q4_0 => "q4_0",
+        GgmlDType::Q4_1 => "q4_1",
+        GgmlDType::Q5_0 => "q5_0",
+        GgmlDType::Q5_1 => "q5_1",
+        GgmlDType::Q8_0 => "q8_0",
+        GgmlDType::Q8_1 => "q8_1",
+        GgmlDType::Q2K => "q2_k",
+        GgmlDType::Q3K => "q3_k",
+        GgmlDType::Q4K => "q4_k",
+        GgmlDType::Q5K => "q5_k",
+        GgmlDType::Q6K => "q6_k",
+        GgmlDType::Q8K => "q8_k",
+    }
+}
+
 /// How the model holds one source tensor.
 #[derive(Clone, Debug, Default)]
 pub struct Taken {
@@ -137,7 +158,7 @@ impl Ledger {
                 out.entry(format!("{dt:?}").to_lowercase()).or_default().add(t.dense_bytes());
             }
             for &(bt, n) in &t.blocks {
-                out.entry(crate::gguf::format::type_name(bt).into()).or_default().add(block_bytes(bt, n));
+                out.entry(type_name(bt).into()).or_default().add(block_bytes(bt, n));
             }
         }
         out
