@@ -14,14 +14,15 @@ use merg::chat::Message;
 use merg::engine::constraint::{ConstraintFactory, JsonConstraint};
 use merg::generate::{generate_constrained, FinishReason, Generation, SamplingParams, TokenConstraint};
 use merg::generate::VisionInput;
-use merg::models::qwen2_vl::{Config, QwenVl};
+use merg::models::qwen2_vl::{self, Config};
+use merg::models::VisionLanguageModel;
 use merg::tokenizer::ChatTokenizer;
 use serde_json::{json, Value};
 
 const IM_END: u32 = 450;
 const TOKENIZER_VOCAB: usize = 462;
 
-fn load(family: &str) -> QwenVl {
+fn load(family: &str) -> VisionLanguageModel {
     let dir = tiny_dir(family);
     let cfg = Config::from_file(&dir.join("config.json")).unwrap();
     let index: Value =
@@ -29,7 +30,7 @@ fn load(family: &str) -> QwenVl {
     let mut files: Vec<_> = index["weight_map"].as_object().unwrap().values().map(|v| dir.join(v.as_str().unwrap())).collect();
     files.sort();
     files.dedup();
-    QwenVl::load(&cfg, &files, DType::F32, &Device::Cpu).unwrap()
+    qwen2_vl::load(&cfg, &files, DType::F32, &Device::Cpu).unwrap()
 }
 
 fn factory(family: &str) -> Arc<ConstraintFactory> {
@@ -190,7 +191,7 @@ impl TokenConstraint for Checked {
 }
 
 struct Rig {
-    model: QwenVl,
+    model: VisionLanguageModel,
     tok: ChatTokenizer,
     factory: Arc<ConstraintFactory>,
     prompt: Vec<u32>,

@@ -10,7 +10,7 @@ use common::*;
 use merg::models::qwen2_vl::Config as ModelConfig;
 use merg::generate::{generate, SamplingParams};
 use merg::generate::VisionInput;
-use merg::models::qwen2_vl::QwenVl;
+use merg::models::qwen2_vl;
 
 /// Copies a tiny checkpoint into a temp dir so a test can damage it.
 fn scratch_copy(family: &str) -> (tempfile::TempDir, PathBuf) {
@@ -36,7 +36,7 @@ fn shards(dir: &Path) -> Vec<PathBuf> {
 
 fn load_err(dir: &Path) -> String {
     let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-    match QwenVl::load(&cfg, &shards(dir), DType::F32, &Device::Cpu) {
+    match qwen2_vl::load(&cfg, &shards(dir), DType::F32, &Device::Cpu) {
         Ok(_) => panic!("loading {} should fail", dir.display()),
         Err(e) => format!("{e:#}"),
     }
@@ -91,7 +91,7 @@ fn unknown_model_type_names_the_file() {
 fn prompt_longer_than_context_is_an_error() {
     let dir = tiny_dir("qwen2_vl");
     let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
-    let model = QwenVl::load(&cfg, &shards(&dir), DType::F32, &Device::Cpu).unwrap();
+    let model = qwen2_vl::load(&cfg, &shards(&dir), DType::F32, &Device::Cpu).unwrap();
     let ids = vec![5u32; 40];
     let e = generate(&model, &ids, &VisionInput::default(), &SamplingParams::default(), Some(32)).unwrap_err();
     let e = format!("{e:#}");
@@ -117,7 +117,7 @@ fn shipped_model_configs_parse() {
 #[test]
 fn dummy_weights_run_a_forward() {
     let cfg = ModelConfig::from_file(&tiny_dir("qwen2_5_vl").join("config.json")).unwrap();
-    let model = QwenVl::dummy(&cfg, DType::F32, &Device::Cpu).unwrap();
+    let model = qwen2_vl::dummy(&cfg, DType::F32, &Device::Cpu).unwrap();
     let g = generate(&model, &[1, 2, 3], &VisionInput::default(), &SamplingParams { max_new_tokens: 4, ..Default::default() }, None).unwrap();
     assert_eq!(g.tokens.len(), 4);
     assert!(g.logprobs.iter().all(|l| l.is_finite() && *l <= 0.0));

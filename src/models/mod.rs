@@ -1,7 +1,8 @@
 //! Model families behind one trait. The engine, its sequences and the vision cache see only
-//! `Model` and its `ModelSpec`; each family lives in its own folder (`qwen2_vl/` serves
-//! Qwen2-VL and Qwen2.5-VL) and is found by `registry::load` from the checkpoint's
-//! `model_type`. Shared blocks are in `crate::layers`, weight sources in `crate::weights`.
+//! `Model` and its `ModelSpec`; every family is one `vlm::VisionLanguageModel` (the shared
+//! decoder, the family's vision tower and position conventions). Each family lives in its own
+//! folder (`qwen2_vl/` serves Qwen2-VL and Qwen2.5-VL) with its config parsing, and is found
+//! by `registry::load` from the checkpoint's `model_type`. Shared blocks are in `crate::layers`, weight sources in `crate::weights`.
 // No tensor is read back to the host here except through `engine::sampling::read_back` or
 // where a site says why its tensor is on the host (.clippy.toml; tests may read freely).
 #![cfg_attr(not(test), warn(clippy::disallowed_methods))]
@@ -15,6 +16,7 @@ pub mod qwen2_vl;
 pub mod qwen3_5;
 pub mod qwen3_vl;
 pub mod registry;
+pub mod vlm;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
@@ -23,6 +25,7 @@ use serde::Serialize;
 pub use cache::{DenseCache, RecurrentState, StepCache};
 pub use media::Deepstack;
 pub use registry::{load, param_counts, supported_model_types};
+pub use vlm::{FamilyConfig, VisionEncoder, VisionLanguageModel};
 
 /// 3-D (t, h, w) position ids, one vector per component; text-only models repeat one vector.
 pub type Positions = [Vec<i64>; 3];

@@ -6,35 +6,35 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use serde_json::Value;
 
+use super::vlm::FamilyConfig;
 use super::{Model, ModelSpec, ParamCounts};
 use crate::weights::Weights;
 
-/// One registered family: its loader, and its spec from config alone (no weights read).
+/// One registered family: its `model_type` and its config reader.
 struct Family {
     model_type: &'static str,
-    load: fn(&Value, Weights) -> Result<Arc<dyn Model>>,
-    spec: fn(&Value) -> Result<ModelSpec>,
-    params: fn(&Value) -> Result<ParamCounts>,
+    parse: fn(&Value) -> Result<Box<dyn FamilyConfig>>,
 }
 
 const FAMILIES: &[Family] = &[
-    Family { model_type: "qwen2_vl", load: super::qwen2_vl::load_from_config, spec: super::qwen2_vl::spec_from_config, params: super::qwen2_vl::params_from_config },
-    Family { model_type: "qwen2_5_vl", load: super::qwen2_vl::load_from_config, spec: super::qwen2_vl::spec_from_config, params: super::qwen2_vl::params_from_config },
-    Family { model_type: "qwen3_vl", load: super::qwen3_vl::load_from_config, spec: super::qwen3_vl::spec_from_config, params: super::qwen3_vl::params_from_config },
-    Family { model_type: "qwen3_vl_moe", load: super::qwen3_vl::load_from_config, spec: super::qwen3_vl::spec_from_config, params: super::qwen3_vl::params_from_config },
-    Family { model_type: "qwen3_5", load: super::qwen3_5::load_from_config, spec: super::qwen3_5::spec_from_config, params: super::qwen3_5::params_from_config },
+    Family { model_type: "qwen2_vl", parse: super::qwen2_vl::parse },
+    Family { model_type: "qwen2_5_vl", parse: super::qwen2_vl::parse },
+    Family { model_type: "qwen3_vl", parse: super::qwen3_vl::parse },
+    Family { model_type: "qwen3_vl_moe", parse: super::qwen3_vl::parse },
+    Family { model_type: "qwen3_5", parse: super::qwen3_5::parse },
 ];
 
 pub fn supported_model_types() -> Vec<&'static str> {
     FAMILIES.iter().map(|f| f.model_type).collect()
 }
 
-fn family(config: &Value) -> Result<&'static Family> {
+fn family(config: &Value) -> Result<Box<dyn FamilyConfig>> {
     let t = model_type(config)?;
-    FAMILIES
+    let family = FAMILIES
         .iter()
         .find(|f| f.model_type == t)
-        .with_context(|| format!("unknown model_type {t:?}: merg supports {}", supported_model_types().join(", ")))
+        .with_context(|| format!("unknown model_type {t:?}: merg supports {}", supported_model_types().join(", ")))?;
+    (family.parse)(config)
 }
 
 /// The `model_type` of a parsed config.json (top level, as transformers writes it).
@@ -46,17 +46,17 @@ pub fn model_type(config: &Value) -> Result<&str> {
 pub fn load(config: &Value, weights: Weights) -> Result<Arc<dyn Model>> {
     // Freed load-time copies go back to the system (see `memory::Loading`).
     let _loading = crate::memory::Loading::begin();
-    (family(config)?.load)(config, weights)
+    Ok(Arc::new(family(config)?.build(weights)?))
 }
 
 /// What the engine would see of the model, from its config alone.
 pub fn spec(config: &Value) -> Result<ModelSpec> {
-    (family(config)?.spec)(config)
+    Ok(family(config)?.spec())
 }
 
 /// Parameter counts from a config alone (no weights read).
 pub fn param_counts(config: &Value) -> Result<ParamCounts> {
-    (family(config)?.params)(config)
+    Ok(family(config)?.param_counts())
 }
 
 /// Reads and parses a config.json file.

@@ -8,28 +8,18 @@ pub mod position;
 pub mod vision;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
 pub use config::{Config, TextConfig, Variant, VisionConfig};
-use position::rope_index;
 use vision::VisionTower;
 
-use super::cache::StepCache;
 use super::decoder::Decoder;
-use super::media::{cat_kind, splice_features};
-use super::{Deepstack, LayerKind, MediaGrid, Model, ModelSpec, Positions, PromptInputs, SpecialIds, VisionSpec};
+use super::vlm::{FamilyConfig, VisionEncoder, VisionLanguageModel};
+use super::{LayerKind, ModelSpec, ParamCounts, SpecialIds, VisionSpec};
 use crate::weights::Weights;
-
-pub struct QwenVl {
-    pub cfg: Config,
-    pub text: Decoder,
-    pub vision: VisionTower,
-    spec: ModelSpec,
-}
 
 /// Where a checkpoint keeps its parts: hub layout (`model.`, `visual.`) or the layout newer
 /// transformers writes (`model.language_model.`, `model.visual.`).
@@ -41,45 +31,47 @@ pub fn prefixes(has_tensor: impl Fn(&str) -> bool) -> (&'static str, &'static st
     }
 }
 
-/// The registry's loader for `qwen2_vl` and `qwen2_5_vl`.
-pub fn load_from_config(config: &Value, weights: Weights) -> Result<Arc<dyn Model>> {
-    let cfg = Config::from_value(config)?;
-    Ok(Arc::new(QwenVl::new(&cfg, weights)?))
+/// The registry's config reader for `qwen2_vl` and `qwen2_5_vl`.
+pub fn parse(config: &Value) -> Result<Box<dyn FamilyConfig>> {
+    Ok(Box::new(Config::from_value(config)?))
 }
 
-/// The registry's parameter counter.
-pub fn params_from_config(config: &Value) -> Result<super::ParamCounts> {
-    let cfg = Config::from_value(config)?;
-    Ok(super::ParamCounts::of(&cfg.text.decoder(), cfg.vision.num_params(cfg.variant)))
-}
+impl FamilyConfig for Config {
+    fn spec(&self) -> ModelSpec {
+        spec_of(self)
+    }
 
-/// The registry's spec reader.
-pub fn spec_from_config(config: &Value) -> Result<ModelSpec> {
-    Ok(spec_of(&Config::from_value(config)?))
-}
+    fn param_counts(&self) -> ParamCounts {
+        ParamCounts::of(&self.text.decoder(), self.vision.num_params(self.variant))
+    }
 
-impl QwenVl {
-    pub fn new(cfg: &Config, w: Weights) -> Result<Self> {
+    fn build(&self, w: Weights) -> Result<VisionLanguageModel> {
         let (text_prefix, vision_prefix) = prefixes(|n| w.contains(n));
-        let source = w.describe();
-        let build = || -> Result<Self> {
-            let text = Decoder::new(&cfg.text.decoder(), w.pp(text_prefix), w.clone()).context("text decoder")?;
-            let vision = VisionTower::new(cfg.variant, &cfg.vision, w.pp(vision_prefix)).context("vision tower")?;
-            Ok(QwenVl { cfg: cfg.clone(), text, vision, spec: spec_of(cfg) })
-        };
-        build().with_context(|| format!("checkpoint [{source}] does not match its config.json"))
+        VisionLanguageModel::assemble(
+            spec_of(self),
+            position::params(self),
+            &w,
+            || Ok(Decoder::new(&self.text.decoder(), w.pp(text_prefix), w.clone())?),
+            || Ok(Box::new(VisionTower::new(self.variant, &self.vision, w.pp(vision_prefix))?)),
+        )
     }
+}
 
-    /// Loads memory-mapped safetensors shards; a tensor that does not match the config fails
-    /// with its name and both shapes.
-    pub fn load(cfg: &Config, files: &[PathBuf], dtype: DType, device: &Device) -> Result<Self> {
-        Self::new(cfg, Weights::safetensors(files, dtype, device)?)
+impl VisionEncoder for VisionTower {
+    fn encode(&self, patches: &Tensor, thw: [usize; 3]) -> Result<(Tensor, Vec<Tensor>)> {
+        Ok((self.forward(patches, &[thw])?, vec![]))
     }
+}
 
-    /// Random weights of the right shapes (benchmarks, `--load-format dummy`).
-    pub fn dummy(cfg: &Config, dtype: DType, device: &Device) -> Result<Self> {
-        Self::new(cfg, Weights::dummy(dtype, device))
-    }
+/// Loads memory-mapped safetensors shards; a tensor that does not match the config fails
+/// with its name and both shapes.
+pub fn load(cfg: &Config, files: &[PathBuf], dtype: DType, device: &Device) -> Result<VisionLanguageModel> {
+    cfg.build(Weights::safetensors(files, dtype, device)?)
+}
+
+/// Random weights of the right shapes (benchmarks, `--load-format dummy`).
+pub fn dummy(cfg: &Config, dtype: DType, device: &Device) -> Result<VisionLanguageModel> {
+    cfg.build(Weights::dummy(dtype, device))
 }
 
 fn spec_of(cfg: &Config) -> ModelSpec {
@@ -106,49 +98,5 @@ fn spec_of(cfg: &Config) -> ModelSpec {
             video_timestamps: false,
             video_outer_markers: false,
         }),
-    }
-}
-
-impl Model for QwenVl {
-    fn spec(&self) -> &ModelSpec {
-        &self.spec
-    }
-
-    fn device(&self) -> &Device {
-        self.text.device()
-    }
-
-    fn dtype(&self) -> DType {
-        self.text.dtype()
-    }
-
-    fn encode_media(&self, patches: &Tensor, grid: &MediaGrid) -> Result<Tensor> {
-        Ok(self.vision.forward(&patches.to_device(self.device())?, &[grid.thw])?)
-    }
-
-    fn prepare_prompt(&self, ids: &[u32], media: &[MediaGrid], features: &[Tensor]) -> Result<PromptInputs> {
-        if media.len() != features.len() {
-            bail!("{} media items but {} feature tensors", media.len(), features.len());
-        }
-        let (positions, rope_delta) = rope_index(ids, media, &self.cfg)?;
-        let (img, vid) = (cat_kind(media, features, false)?, cat_kind(media, features, true)?);
-        let text = self.text.embed(ids)?;
-        let embeds = splice_features(&text, ids, self.cfg.image_token_id, self.cfg.video_token_id, img.as_ref(), vid.as_ref())?;
-        Ok(PromptInputs { embeds, positions, rope_delta, deepstack: None })
-    }
-
-    fn embed_tokens(&self, ids: &[u32]) -> Result<Tensor> {
-        Ok(self.text.embed(ids)?)
-    }
-
-    fn forward(&self, embeds: &Tensor, positions: &Positions, deepstack: Option<&Deepstack>, cache: &mut dyn StepCache) -> Result<Tensor> {
-        if deepstack.is_some() {
-            bail!("{} has no DeepStack layers", self.cfg.variant.model_type());
-        }
-        Ok(self.text.forward(embeds, positions, None, cache)?)
-    }
-
-    fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(self.text.logits(hidden)?)
     }
 }

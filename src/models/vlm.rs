@@ -1,0 +1,145 @@
+//! The one vision-language model type: the shared decoder, a family's vision tower and its
+//! position conventions. A family is its config parsing (`FamilyConfig`), its tower
+//! (`VisionEncoder`) and its `RopeParams`; this type does the rest of `Model` for all of them —
+//! splicing features into the placeholders, DeepStack rows, the M-RoPE index.
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+
+use super::cache::StepCache;
+use super::decoder::Decoder;
+use super::media::{cat_kind, placeholder_rows, splice_features};
+use super::position::{mrope_index, RopeParams};
+use super::{Deepstack, MediaGrid, Model, ModelSpec, ParamCounts, Positions, PromptInputs};
+use crate::weights::Weights;
+
+/// A family's vision tower, as the shared model drives it.
+pub trait VisionEncoder: Send + Sync {
+    /// Merged features `[tokens, hidden]` of one media item, and one `[tokens, hidden]` tensor
+    /// per DeepStack level (none for towers without DeepStack).
+    fn encode(&self, patches: &Tensor, thw: [usize; 3]) -> Result<(Tensor, Vec<Tensor>)>;
+
+    /// DeepStack levels `encode` returns.
+    fn deepstack_levels(&self) -> usize {
+        0
+    }
+}
+
+/// What a family's parsed config gives the registry: the model's spec and parameter counts
+/// without reading a weight, and the model built from a weight source.
+pub trait FamilyConfig {
+    fn spec(&self) -> ModelSpec;
+    fn param_counts(&self) -> ParamCounts;
+    fn build(&self, weights: Weights) -> Result<VisionLanguageModel>;
+}
+
+pub struct VisionLanguageModel {
+    pub text: Decoder,
+    pub vision: Box<dyn VisionEncoder>,
+    rope: RopeParams,
+    spec: ModelSpec,
+}
+
+impl VisionLanguageModel {
+    /// Builds the decoder and tower from `weights`; a tensor that does not match the config
+    /// fails naming the part, the tensor and the source.
+    pub fn assemble(
+        spec: ModelSpec,
+        rope: RopeParams,
+        weights: &Weights,
+        text: impl FnOnce() -> Result<Decoder>,
+        vision: impl FnOnce() -> Result<Box<dyn VisionEncoder>>,
+    ) -> Result<Self> {
+        let build = || -> Result<Self> {
+            let text = text().context("text decoder")?;
+            let vision = vision().context("vision tower")?;
+            Ok(VisionLanguageModel { text, vision, rope, spec })
+        };
+        build().with_context(|| format!("checkpoint [{}] does not match its config.json", weights.describe()))
+    }
+
+    /// Position ids `[3][L]` and the rope delta, equal to transformers' `get_rope_index`.
+    pub fn rope_index(&self, ids: &[u32], media: &[MediaGrid]) -> Result<(Positions, i64)> {
+        mrope_index(ids, media, &self.rope)
+    }
+
+    fn hidden(&self) -> usize {
+        self.spec.hidden_size
+    }
+
+    /// DeepStack features of the prompt's placeholder rows, from each item's levels.
+    fn deepstack(&self, ids: &[u32], features: &[Tensor]) -> Result<Option<Deepstack>> {
+        let (hidden, levels) = (self.hidden(), self.vision.deepstack_levels());
+        if features.is_empty() || levels == 0 {
+            return Ok(None);
+        }
+        let deep: Vec<Tensor> = features.iter().map(|f| f.narrow(1, hidden, hidden * levels)).collect::<candle_core::Result<_>>()?;
+        // Media are in prompt order and each item's tokens are contiguous, so the items' rows
+        // in order are the placeholder rows in order.
+        let rows = placeholder_rows(ids, self.rope.image_token, self.rope.video_token);
+        let features = Tensor::cat(&deep, 0)?;
+        if features.dim(0)? != rows.len() {
+            bail!("{} placeholder tokens but {} DeepStack feature rows", rows.len(), features.dim(0)?);
+        }
+        Ok(Some(Deepstack { rows, features }))
+    }
+}
+
+impl Model for VisionLanguageModel {
+    fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    fn device(&self) -> &Device {
+        self.text.device()
+    }
+
+    fn dtype(&self) -> DType {
+        self.text.dtype()
+    }
+
+    /// `[tokens, hidden · (1 + levels)]`: the merged features, then each DeepStack level, so
+    /// the vision cache keeps every level of an item together.
+    fn encode_media(&self, patches: &Tensor, grid: &MediaGrid) -> Result<Tensor> {
+        let (main, levels) = self.vision.encode(&patches.to_device(self.device())?, grid.thw)?;
+        if levels.is_empty() {
+            return Ok(main);
+        }
+        let mut parts = vec![main];
+        parts.extend(levels);
+        Ok(Tensor::cat(&parts, 1)?)
+    }
+
+    fn prepare_prompt(&self, ids: &[u32], media: &[MediaGrid], features: &[Tensor]) -> Result<PromptInputs> {
+        if media.len() != features.len() {
+            bail!("{} media items but {} feature tensors", media.len(), features.len());
+        }
+        let hidden = self.hidden();
+        let width = hidden * (1 + self.vision.deepstack_levels());
+        if let Some(f) = features.iter().find(|f| f.dim(1).ok() != Some(width)) {
+            bail!("vision features of width {:?}, expected {width} (hidden × (1 + DeepStack levels))", f.dim(1).ok());
+        }
+        let (positions, rope_delta) = self.rope_index(ids, media)?;
+        let main: Vec<Tensor> = features.iter().map(|f| f.narrow(1, 0, hidden)).collect::<candle_core::Result<_>>()?;
+        let (img, vid) = (cat_kind(media, &main, false)?, cat_kind(media, &main, true)?);
+        let text = self.text.embed(ids)?;
+        let embeds = splice_features(&text, ids, self.rope.image_token, self.rope.video_token, img.as_ref(), vid.as_ref())?;
+        let deepstack = self.deepstack(ids, features)?;
+        Ok(PromptInputs { embeds, positions, rope_delta, deepstack })
+    }
+
+    fn embed_tokens(&self, ids: &[u32]) -> Result<Tensor> {
+        Ok(self.text.embed(ids)?)
+    }
+
+    fn forward(&self, embeds: &Tensor, positions: &Positions, deepstack: Option<&Deepstack>, cache: &mut dyn StepCache) -> Result<Tensor> {
+        if deepstack.is_some() && self.vision.deepstack_levels() == 0 {
+            bail!("{} has no DeepStack layers", self.spec.model_type);
+        }
+        Ok(self.text.forward(embeds, positions, deepstack, cache)?)
+    }
+
+    fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(self.text.logits(hidden)?)
+    }
+}
