@@ -126,9 +126,7 @@ impl Checkpoint {
     /// for a bf16 file, see `gguf::Format::default_dtype`).
     pub fn load_gguf(paths: &GgufPaths, device: &Device, opts: &LoadOptions) -> Result<Self> {
         let opened = crate::gguf::open(paths)?;
-        if opened.quantized && opts.quant.is_some() {
-            bail!("{} is already quantized: in-situ quantization applies to float weights only (load it without a quantization type)", paths.text.display());
-        }
+        opened.check_quant(paths, opts.quant)?;
         let dtype = opts.dtype.unwrap_or_else(|| opened.format.default_dtype(device));
         let cost = opened.weights.load_cost(dtype.size_in_bytes() as f64, !device.is_cpu());
         crate::memory::check_load(&paths.text.display().to_string(), cost, device)?;

@@ -12,23 +12,21 @@ use merg::generate::{decode_inputs, forward_logits, VisionInput};
 use merg::models::{registry, DenseCache};
 use merg::weights::{Quant, Weights};
 
-use super::{device_and_dtype, EngineArgs};
+use super::{EngineArgs, Located, ModelArgs};
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// A checkpoint (repo id or directory); with --dummy only its config.json is read.
-    #[arg(long, conflicts_with = "config")]
-    model: Option<String>,
+    /// The model; `--quant` takes several formats here, comma-separated, measured in this one
+    /// run (`none`: the --dtype weights; a dtype: f32, f16, bf16; or a quantization, computed
+    /// in --dtype), ratios to the first.
+    #[command(flatten)]
+    model: ModelArgs,
     /// A config.json (e.g. models/qwen2.5-vl-7b-instruct.json); implies --dummy.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     config: Option<PathBuf>,
     /// Random weights instead of the checkpoint's (like vLLM's --load-format dummy).
     #[arg(long)]
     dummy: bool,
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    #[arg(long)]
-    dtype: Option<String>,
     #[arg(long, default_value_t = 256)]
     prompt_tokens: usize,
     #[arg(long, default_value_t = 64)]
@@ -38,14 +36,6 @@ pub struct BenchArgs {
     /// pays for first-touch page faults and the thread team's start. 0 times the cold pass.
     #[arg(long, default_value_t = 1)]
     warmup: usize,
-    /// Weight formats to measure in this one run, comma-separated: `none` (the --dtype
-    /// weights), a dtype (f32, f16, bf16) or a quantization (q8_0, q6k, q5k, q4k; computed
-    /// in --dtype). Ratios are to the first.
-    #[arg(long, value_delimiter = ',', default_value = "none")]
-    quant: Vec<String>,
-    /// Quantize the vision tower too.
-    #[arg(long)]
-    quant_vision: bool,
     /// Skip measuring the machine's roofline (bandwidth and peaks, about two seconds).
     #[arg(long)]
     no_roofline: bool,
@@ -65,26 +55,15 @@ pub struct BenchArgs {
 #[derive(Args)]
 pub struct BenchAgentsArgs {
     /// Model config for dummy weights (needs the real Qwen vocabulary) …
-    #[arg(long, default_value = "models/dummy-small-qwen2.5-vl.json")]
+    #[arg(long, default_value = "models/dummy-small-qwen2.5-vl.json", conflicts_with = "model")]
     config: PathBuf,
     /// … and the tokenizer.json giving real token counts (default: $MERG_DATA_DIR or
     /// ../shared/data /qwen2-tokenizer/tokenizer.json).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     tokenizer: Option<PathBuf>,
-    /// A real model instead (its own weights and tokenizer), in any form `--model` takes
-    /// elsewhere: a checkpoint directory, a hub repo, or a llama.cpp GGUF file.
-    #[arg(long, conflicts_with_all = ["config", "tokenizer"])]
-    model: Option<String>,
-    /// The vision projector of a GGUF model, when it is not beside it.
-    #[arg(long, requires = "model")]
-    mmproj: Option<PathBuf>,
-    /// Quantize the decoder's linear weights while loading (q8_0, q6k, q5k, q4k), as on
-    /// every command that loads a model.
-    #[arg(long)]
-    quant: Option<String>,
-    /// With --quant, the vision tower too.
-    #[arg(long, requires = "quant")]
-    quant_vision: bool,
+    /// A real model instead of --config (its own weights and tokenizer).
+    #[command(flatten)]
+    model: ModelArgs,
     #[arg(long, default_value_t = 8)]
     dialogues: usize,
     #[arg(long, default_value_t = 24)]
@@ -112,28 +91,27 @@ pub struct BenchAgentsArgs {
     /// With --server: requests in flight at once (start the server with as many slots).
     #[arg(long, default_value_t = 1, requires = "server")]
     slots: usize,
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    #[arg(long)]
-    dtype: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
 
 pub fn cmd_bench(a: BenchArgs) -> Result<()> {
-    let formats = a.quant.iter().map(|f| format_of(f)).collect::<Result<Vec<_>>>().context("--quant")?;
+    let formats = match a.model.quant.is_empty() {
+        true => vec![(None, None)],
+        false => a.model.quant.iter().map(|f| format_of(f)).collect::<Result<Vec<_>>>().context("--quant")?,
+    };
     if !a.batch.is_empty() {
         batch_tokenizer(&a)?;
     }
     // The machine's limits, on the same threads, before any model is loaded.
-    let roof = match (a.no_roofline, a.device.as_str()) {
+    let roof = match (a.no_roofline, a.model.device.as_str()) {
         (true, _) => None,
         (false, "cpu") => Some(merg::cpu::roofline::measure()),
-        (false, _) => Some(device_roofline(&device_and_dtype(&a.device, None)?.0)?),
+        (false, _) => Some(device_roofline(&a.model.device_and_dtype()?.0)?),
     };
     if let Some(r) = &roof {
         let on = match r.threads {
-            0 => a.device.clone(),
+            0 => a.model.device.clone(),
             n => format!("{n} threads, {} kernels", merg::cpu::level().name()),
         };
         println!(
@@ -230,39 +208,34 @@ struct Loaded {
 /// Opens the run's weights in their compute dtype: `--dtype` (or a `--quant` dtype entry),
 /// else a GGUF file's own default (bf16 for a bf16 file), else the device's.
 fn open_weights(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: Option<Quant>) -> Result<Loaded> {
-    let (device, dtype) = device_and_dtype(&a.device, a.dtype.as_deref())?;
+    let (device, dtype) = a.model.device_and_dtype()?;
     let asked = dtype_override.or(dtype);
     let plain = asked.unwrap_or_else(|| merg::weights::default_dtype(&device));
-    let gguf = match (&a.config, &a.model) {
-        (None, Some(m)) if !a.dummy => merg::gguf::resolve(m, None, None)?,
-        _ => None,
-    };
-    let loaded = match (&a.config, &a.model, gguf) {
-        (Some(c), _, _) => Loaded { config: registry::read_config(c)?, weights: Weights::dummy(plain, &device), dtype: plain, gguf: None },
-        (None, Some(m), Some(paths)) => open_gguf(m, &paths, quant, asked, &device)?,
-        (None, Some(m), None) => {
-            let files = merg::hub::resolve(m, None)?;
-            let weights = if a.dummy { Weights::dummy(plain, &device) } else { Weights::safetensors(&files.weights, plain, &device)? };
-            Loaded { config: registry::read_config(&files.config)?, weights, dtype: plain, gguf: None }
-        }
-        (None, None, _) => anyhow::bail!("bench needs --config FILE or --model MODEL"),
+    let loaded = match (&a.config, a.model.model.is_some()) {
+        (Some(c), _) => Loaded { config: registry::read_config(c)?, weights: Weights::dummy(plain, &device), dtype: plain, gguf: None },
+        (None, true) => match a.model.locate()? {
+            Located::Gguf(_) if a.dummy => anyhow::bail!("--dummy: a GGUF model's weights are its file; give --dummy a checkpoint directory, or --config"),
+            Located::Gguf(paths) => open_gguf(&a.model, &paths, quant, asked, &device)?,
+            Located::Files(files) => {
+                let weights = if a.dummy { Weights::dummy(plain, &device) } else { Weights::safetensors(&files.weights, plain, &device)? };
+                Loaded { config: registry::read_config(&files.config)?, weights, dtype: plain, gguf: None }
+            }
+        },
+        (None, false) => anyhow::bail!("bench needs --config FILE or --model MODEL"),
     };
     // What in-situ quantization makes is read back from the ledger, as for any source.
     Ok(match quant {
-        Some(q) => Loaded { weights: loaded.weights.quantize(q, a.quant_vision).0, ..loaded },
+        Some(q) => Loaded { weights: loaded.weights.quantize(q, a.model.quant_vision).0, ..loaded },
         None => loaded,
     })
 }
 
 /// llama.cpp files: the config from their metadata, the weights as stored, dense tensors in
 /// `asked` or the file's own default dtype.
-fn open_gguf(m: &str, paths: &merg::gguf::GgufPaths, quant: Option<Quant>, asked: Option<candle_core::DType>, device: &candle_core::Device) -> Result<Loaded> {
-    let opened = merg::gguf::open(paths)?;
-    if opened.quantized && quant.is_some() {
-        anyhow::bail!("--quant: {m} is already quantized");
-    }
+fn open_gguf(m: &ModelArgs, paths: &merg::gguf::GgufPaths, quant: Option<Quant>, asked: Option<candle_core::DType>, device: &candle_core::Device) -> Result<Loaded> {
+    let opened = m.open_gguf(paths, quant)?;
     let dtype = asked.unwrap_or_else(|| opened.format.default_dtype(device));
-    merg::memory::check_load(m, opened.weights.load_cost(dtype.size_in_bytes() as f64, !device.is_cpu()), device)?;
+    merg::memory::check_load(&paths.text.display().to_string(), opened.weights.load_cost(dtype.size_in_bytes() as f64, !device.is_cpu()), device)?;
     Ok(Loaded { config: opened.config, weights: Weights::new(std::sync::Arc::new(opened.weights), dtype, device), dtype, gguf: Some(opened.format) })
 }
 
@@ -375,7 +348,7 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
         "family": spec.model_type,
         "hidden_size": spec.hidden_size,
         "layers": spec.layers.len(),
-        "device": a.device,
+        "device": a.model.device,
         "dtype": format!("{dtype:?}"),
         "dummy": a.config.is_some() || a.dummy,
         "prompt_tokens": a.prompt_tokens,
@@ -405,7 +378,13 @@ fn merge(rec: &mut serde_json::Value, extra: serde_json::Value) {
 /// The `--batch` runs on the loaded model, printed as `decode bf16 batch 8: … tok/s aggregate`.
 /// The tokenizer `--batch` runs the engine with; asked for before anything is measured.
 fn batch_tokenizer(a: &BenchArgs) -> Result<PathBuf> {
-    let own = a.model.as_ref().filter(|_| a.config.is_none()).and_then(|m| merg::hub::resolve(m, None).ok()).map(|f| f.tokenizer).filter(|p| p.exists());
+    let own = match a.model.model.is_some() && a.config.is_none() {
+        true => match a.model.locate()? {
+            Located::Files(f) => Some(f.tokenizer).filter(|p| p.exists()),
+            Located::Gguf(_) => None,
+        },
+        false => None,
+    };
     a.tokenizer.clone().or(own).or_else(default_tokenizer).context(
         "--batch runs the engine, which needs a tokenizer: pass --tokenizer, set MERG_DATA_DIR, or use a checkpoint that has one",
     )
@@ -455,7 +434,7 @@ fn default_tokenizer() -> Option<PathBuf> {
 }
 
 pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
-    let (device, dtype) = device_and_dtype(&a.device, a.dtype.as_deref())?;
+    let (device, dtype) = a.model.device_and_dtype()?;
     let cfg = a.engine.config()?;
     let frames: Vec<image::RgbImage> = (0..a.keyframes)
         .map(|k| match &a.keyframe {
@@ -471,11 +450,11 @@ pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&run)?);
         return Ok(());
     }
-    let quant = a.quant.as_deref().map(merg::weights::Quant::parse).transpose().map_err(|e| anyhow::anyhow!("--quant: {e:#}"))?;
-    let make: Box<dyn Fn() -> Result<Checkpoint>> = match &a.model {
-        Some(m) => {
-            let args = super::ModelArgs { model: m.clone(), mmproj: a.mmproj.clone(), revision: None, device: a.device.clone(), dtype: a.dtype.clone(), quant: a.quant.clone(), quant_vision: a.quant_vision };
-            Box::new(move || super::load_checkpoint(&args))
+    let quant = a.model.quant()?;
+    let make: Box<dyn Fn() -> Result<Checkpoint>> = match &a.model.model {
+        Some(_) => {
+            let args = a.model.clone();
+            Box::new(move || args.load())
         }
         None => {
             let tok = a.tokenizer.clone().or_else(default_tokenizer).context(
@@ -483,7 +462,7 @@ pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
             )?;
             let config = a.config.clone();
             let device = device.clone();
-            let quant_vision = a.quant_vision;
+            let quant_vision = a.model.quant_vision;
             Box::new(move || {
                 let model_type = merg::models::registry::model_type(&merg::models::registry::read_config(&config)?)?.to_string();
                 let template = merg::chat::default_chat_template(&model_type);

@@ -15,7 +15,7 @@ use merg::metrics::polarity::{self, EmotionClassifier};
 use merg::pipeline::model::EngineModel;
 
 use super::respond::PipelineArgs;
-use super::{load_checkpoint, EngineArgs, ModelArgs};
+use super::{EngineArgs, ModelArgs};
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
 pub enum DatasetArg {
@@ -61,6 +61,7 @@ impl DataArgs {
 }
 
 #[derive(Args)]
+#[command(mut_arg("model", |a| a.required_unless_present("merge")))]
 pub struct EvalArgs {
     /// Combine finished shard runs (folders) into --out instead of running anything.
     #[arg(long, num_args = 1.., conflicts_with_all = ["dataset", "model"])]
@@ -77,26 +78,9 @@ pub struct EvalArgs {
     /// on the dialogs' videos under the data dir.
     #[arg(long)]
     pub video_root: Option<PathBuf>,
-    /// Hugging Face repo id or local directory of the Qwen-VL checkpoint.
-    #[arg(long, required_unless_present = "merge")]
-    pub model: Option<String>,
-    #[arg(long)]
-    pub revision: Option<String>,
-    /// cpu, cuda or cuda:N (the metric models run there too).
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    /// f32, f16 or bf16 (default: bf16 on CUDA, f32 on CPU).
-    #[arg(long)]
-    pub dtype: Option<String>,
-    /// Quantize the decoder's linear weights while loading (q8_0, q6k, q5k, q4k).
-    #[arg(long)]
-    pub quant: Option<String>,
-    /// With --quant, quantize the vision tower too.
-    #[arg(long, requires = "quant")]
-    pub quant_vision: bool,
-    /// The vision projector (mmproj-*.gguf) of a GGUF model, when it is not beside it.
-    #[arg(long)]
-    pub mmproj: Option<std::path::PathBuf>,
+    /// The model (`--device` is where the metric models run too).
+    #[command(flatten)]
+    pub model: ModelArgs,
     #[command(flatten)]
     pub pipeline: PipelineArgs,
     #[command(flatten)]
@@ -151,16 +135,8 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
         video_root: a.video_root.clone(),
     };
     let data = &data;
-    let model = ModelArgs {
-        model: a.model.clone().ok_or_else(|| need("--model"))?,
-        revision: a.revision.clone(),
-        device: a.device.clone(),
-        dtype: a.dtype.clone(),
-        quant: a.quant.clone(),
-        quant_vision: a.quant_vision,
-        mmproj: a.mmproj.clone(),
-    };
-    let model = &model;
+    a.model.name().map_err(|_| need("--model"))?;
+    let model = &a.model;
     let (items, report) = data.load()?;
     eprintln!("[{}]", report.summary());
     let mut pipeline = a.pipeline.clone();
@@ -183,7 +159,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
         split: data.split.clone(),
         data_dir: data.data_dir.clone(),
         video_root: data.video_root.clone(),
-        model: model.model.clone(),
+        model: model.name()?.to_string(),
         revision: model.revision.clone(),
         pipeline: cfg,
         frames_per_turn: pipeline.frames_per_turn,
@@ -201,7 +177,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     };
     let scorers = load_scorers(&spec, &model.device)?;
     let prompts = pipeline.prompts()?;
-    let engine = Engine::new(load_checkpoint(model)?, a.engine.config()?)?;
+    let engine = Engine::new(model.load()?, a.engine.config()?)?;
     eprintln!("{}", engine.kv_summary());
     if let Some(line) = engine.state_summary() {
         eprintln!("{line}");

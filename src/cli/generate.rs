@@ -9,9 +9,10 @@ use merg::chat::{ContentPart, Message};
 use merg::engine::{ChatRequest, Engine, EngineConfig};
 use merg::vision::{load_media, Media};
 
-use super::{load_checkpoint, with_hint, EngineArgs, ModelArgs, SamplingArgs};
+use super::{with_hint, EngineArgs, ModelArgs, SamplingArgs};
 
 #[derive(Args)]
+#[command(mut_arg("model", |a| a.required(true)))]
 pub struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -57,7 +58,7 @@ pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let params = a.sampling.params();
     params.validate().map_err(|e| anyhow::anyhow!("sampling flags: {e:#}"))?;
     let media = load_media(&a.images, a.video.as_ref(), a.fps, a.max_frames)?;
-    let ckpt = load_checkpoint(&a.model)?;
+    let ckpt = a.model.load()?;
     let mut content: Vec<ContentPart> = media
         .iter()
         .map(|m| match m {

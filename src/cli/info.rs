@@ -6,17 +6,18 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
+use super::{Located, ModelArgs};
+
 use merg::models::registry;
 
 #[derive(Args)]
 pub struct InfoArgs {
-    /// Hugging Face repo id or a local checkpoint directory.
-    #[arg(long, required_unless_present = "config", conflicts_with = "config")]
-    model: Option<String>,
-    #[arg(long)]
-    revision: Option<String>,
+    /// The model (only its config, metadata and file list are read); with --quant, what in-situ
+    /// quantization would apply to.
+    #[command(flatten)]
+    model: ModelArgs,
     /// A config.json alone (e.g. models/qwen3-vl-8b-instruct.json).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     config: Option<PathBuf>,
 }
 
@@ -31,18 +32,17 @@ pub fn billions(n: u64) -> String {
 }
 
 pub fn cmd_info(a: InfoArgs) -> Result<()> {
-    let gguf = match &a.model {
-        Some(m) if a.config.is_none() => merg::gguf::resolve(m, a.revision.as_deref(), None)?,
-        _ => None,
-    };
-    let (config_path, files, config) = match (&a.model, &a.config, &gguf) {
-        (_, _, Some(g)) => (g.text.clone(), None, merg::gguf::open(g)?.config),
-        (_, Some(c), _) => (c.clone(), None, registry::read_config(c)?),
-        (Some(m), None, None) => {
-            let f = merg::hub::resolve(m, a.revision.as_deref())?;
-            (f.config.clone(), Some(f.clone()), registry::read_config(&f.config)?)
-        }
-        (None, None, None) => anyhow::bail!("give --model or --config"),
+    let quant = a.model.quant()?;
+    let (config_path, files, config, format) = match (&a.config, a.model.model.is_some()) {
+        (Some(c), _) => (c.clone(), None, registry::read_config(c)?, None),
+        (None, true) => match a.model.locate()? {
+            Located::Gguf(g) => {
+                let opened = a.model.open_gguf(&g, quant)?;
+                (g.text.clone(), None, opened.config, Some(opened.format))
+            }
+            Located::Files(f) => (f.config.clone(), Some(f.clone()), registry::read_config(&f.config)?, None),
+        },
+        (None, false) => anyhow::bail!("give --model or --config"),
     };
     let with_path = |e: anyhow::Error| anyhow::anyhow!("{}: {e:#}", config_path.display());
     let spec = registry::spec(&config).map_err(with_path)?;
@@ -53,6 +53,13 @@ pub fn cmd_info(a: InfoArgs) -> Result<()> {
             println!("dir:       {}", f.dir.display());
         }
         None => println!("config:    {}", config_path.display()),
+    }
+    if let Some(f) = &format {
+        println!("format:    {} (llama.cpp file type {})", f.name, f.file_type.as_deref().unwrap_or("unknown"));
+    }
+    if let Some(q) = quant {
+        let tower = if a.model.quant_vision { " and vision tower" } else { "" };
+        println!("quant:     {} in situ (decoder{tower} linear weights)", q.name());
     }
     println!("family:    {}", spec.model_type);
     let recurrent = spec.layers.len() - spec.num_attention_layers();

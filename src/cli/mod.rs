@@ -6,6 +6,7 @@ pub mod bench;
 pub mod eval;
 pub mod generate;
 pub mod info;
+pub mod model;
 pub mod plan;
 pub mod report;
 pub mod respond;
@@ -14,10 +15,12 @@ pub mod serve;
 use anyhow::Result;
 use clap::Args;
 
-use merg::checkpoint::{parse_device, Checkpoint};
+use merg::checkpoint::parse_device;
 use merg::engine::EngineError;
 use merg::generate::SamplingParams;
 use merg::weights::parse_dtype;
+
+pub use model::{Located, ModelArgs};
 
 /// Paged-engine settings shared by the commands that run the engine.
 #[derive(Args)]
@@ -60,32 +63,6 @@ impl EngineArgs {
     }
 }
 
-#[derive(Args, Clone)]
-pub struct ModelArgs {
-    /// Hugging Face repo id (uses the hub cache; HF_HOME / HF_HUB_OFFLINE=1 honoured), a local
-    /// directory, or a llama.cpp GGUF file (or a directory of them, with its mmproj-*.gguf).
-    #[arg(long)]
-    pub model: String,
-    /// The vision projector (mmproj-*.gguf) of a GGUF model, when it is not beside the model.
-    #[arg(long)]
-    pub mmproj: Option<std::path::PathBuf>,
-    #[arg(long)]
-    pub revision: Option<String>,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    /// f32, f16 or bf16 (default: bf16 on CUDA, f32 on CPU).
-    #[arg(long)]
-    pub dtype: Option<String>,
-    /// Quantize the decoder's linear weights while loading: q8_0, q6k, q5k or q4k
-    /// (llama.cpp's formats; embeddings and norms stay as they are).
-    #[arg(long)]
-    pub quant: Option<String>,
-    /// With --quant, quantize the vision tower's linear weights too.
-    #[arg(long, requires = "quant")]
-    pub quant_vision: bool,
-}
-
 #[derive(Args)]
 pub struct SamplingArgs {
     #[arg(long, default_value_t = 128)]
@@ -119,31 +96,6 @@ pub fn device_and_dtype(device: &str, dtype: Option<&str>) -> Result<(candle_cor
     let device = parse_device(device).map_err(|e| anyhow::anyhow!("--device: {e:#}"))?;
     let dtype = dtype.map(parse_dtype).transpose().map_err(|e| anyhow::anyhow!("--dtype: {e:#}"))?;
     Ok((device, dtype))
-}
-
-/// A `--model` resolution error in the flags' words (several projectors: `--mmproj` picks).
-pub fn model_error(e: anyhow::Error) -> anyhow::Error {
-    match e.downcast_ref::<merg::gguf::SeveralProjectors>() {
-        Some(p) => anyhow::anyhow!("--model: {p}; give it with --mmproj FILE"),
-        None => anyhow::anyhow!("--model: {e:#}"),
-    }
-}
-
-pub fn load_checkpoint(m: &ModelArgs) -> Result<Checkpoint> {
-    let (device, dtype) = device_and_dtype(&m.device, m.dtype.as_deref())?;
-    let quant = m.quant.as_deref().map(merg::weights::Quant::parse).transpose().map_err(|e| anyhow::anyhow!("--quant: {e:#}"))?;
-    let opts = merg::checkpoint::LoadOptions { dtype, quant, quant_vision: m.quant_vision };
-    if let Some(paths) = merg::gguf::resolve(&m.model, m.revision.as_deref(), m.mmproj.as_deref()).map_err(model_error)? {
-        return Checkpoint::load_gguf(&paths, &device, &opts).map_err(|e| match e.to_string().contains("already quantized") {
-            true => anyhow::anyhow!("--quant: {e:#}"),
-            false => e,
-        });
-    }
-    if let Some(p) = &m.mmproj {
-        anyhow::bail!("--mmproj {}: only a GGUF model takes a separate vision projector; {} is not one", p.display(), m.model);
-    }
-    let files = merg::hub::resolve(&m.model, m.revision.as_deref())?;
-    Checkpoint::load_with(files, &device, &opts)
 }
 
 /// An engine error with the flag that addresses it, for the terminal.

@@ -8,27 +8,17 @@ use clap::Args;
 use merg::models::registry;
 use merg::plan::{plan, plan_with_load, Budget, Precision};
 
+use super::{Located, ModelArgs};
+
 #[derive(Args)]
 pub struct PlanArgs {
-    /// A checkpoint (repo id or directory; only its config.json is read) or GGUF files (their
-    /// metadata and tensor sizes are read).
-    #[arg(long, required_unless_present = "config", conflicts_with = "config")]
-    model: Option<String>,
-    /// The vision projector of a GGUF model, when not beside it.
-    #[arg(long)]
-    mmproj: Option<PathBuf>,
+    /// The model: a checkpoint (only its config.json is read) or GGUF files (their metadata
+    /// and tensor sizes are read). `--dtype` is the dense weights' and K/V's (default bf16).
+    #[command(flatten)]
+    model: ModelArgs,
     /// A config.json alone (e.g. models/qwen3.5-27b.json).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     config: Option<PathBuf>,
-    /// Quantize the decoder's linear layers: q8_0, q6k, q5k, q4k (as --quant).
-    #[arg(long)]
-    quant: Option<String>,
-    /// Quantize the vision tower too.
-    #[arg(long)]
-    quant_vision: bool,
-    /// Dense weights and K/V: bf16, f16 or f32.
-    #[arg(long, default_value = "bf16")]
-    dtype: String,
     /// The device's memory, e.g. 24GiB.
     #[arg(long)]
     memory: String,
@@ -50,47 +40,34 @@ pub struct PlanArgs {
 }
 
 pub fn cmd_plan(a: PlanArgs) -> Result<()> {
-    let dense_bytes = match a.dtype.as_str() {
+    let dense_bytes = match a.model.dtype.as_deref().unwrap_or("bf16") {
         "bf16" | "f16" => 2.0,
         "f32" => 4.0,
         other => anyhow::bail!("--dtype {other:?}: use bf16, f16 or f32"),
     };
+    let quant = a.model.quant()?;
     // A GGUF model: the config from its metadata, the weights as its files store them.
     let mut gguf_weights = None;
-    let (path, config) = match (&a.model, &a.config) {
-        (_, Some(c)) => (c.clone(), registry::read_config(c)?),
-        (Some(m), None) => match merg::gguf::resolve(m, None, a.mmproj.as_deref()).map_err(super::model_error)? {
-            Some(paths) => {
-                let opened = merg::gguf::open(&paths)?;
+    let (path, config) = match (&a.config, a.model.model.is_some()) {
+        (Some(c), _) => (c.clone(), registry::read_config(c)?),
+        (None, true) => match a.model.locate()? {
+            Located::Gguf(paths) => {
+                let opened = a.model.open_gguf(&paths, quant)?;
                 gguf_weights = Some(opened.weights.load_cost(dense_bytes, a.host_memory.is_some()));
-                if a.quant.is_some() && opened.quantized {
-                    anyhow::bail!("--quant: {} is already quantized", paths.text.display());
-                }
                 (paths.text.clone(), opened.config)
             }
-            None => {
-                let p = merg::hub::resolve(m, None)?.config;
-                let c = registry::read_config(&p)?;
-                (p, c)
-            }
+            Located::Files(f) => (f.config.clone(), registry::read_config(&f.config)?),
         },
-        (None, None) => anyhow::bail!("give --model or --config"),
+        (None, false) => anyhow::bail!("give --model or --config"),
     };
     let with_path = |e: anyhow::Error| anyhow::anyhow!("{}: {e:#}", path.display());
     let spec = registry::spec(&config).map_err(with_path)?;
     let params = registry::param_counts(&config).map_err(with_path)?;
-    let quant = match &a.quant {
-        Some(q) => Some(merg::weights::Quant::parse(q).map_err(|e| anyhow::anyhow!("--quant: {e:#}"))?),
-        None => None,
-    };
-    if a.quant_vision && quant.is_none() {
-        anyhow::bail!("--quant-vision needs --quant");
-    }
     let budget = merg::engine::parse_bytes(&a.memory).map_err(|e| anyhow::anyhow!("--memory: {e:#}"))?;
     let reserve = merg::engine::parse_bytes(&a.reserve).map_err(|e| anyhow::anyhow!("--reserve: {e:#}"))?;
     let host = a.host_memory.as_deref().map(merg::engine::parse_bytes).transpose().map_err(|e| anyhow::anyhow!("--host-memory: {e:#}"))?;
     let budget = Budget { device: budget, host, reserve };
-    let prec = Precision { dense_bytes, quant, quant_vision: a.quant_vision };
+    let prec = Precision { dense_bytes, quant, quant_vision: a.model.quant_vision };
     let p = match gguf_weights.filter(|_| quant.is_none()) {
         Some(w) => plan_with_load(&params, &spec, prec, w, budget, a.context, a.dialogues),
         None => plan(&params, &spec, prec, budget, a.context, a.dialogues),

@@ -15,7 +15,7 @@ use merg::pipeline::prompt::Prompts;
 use merg::pipeline::retrieval::Memory;
 use merg::pipeline::{Baseline, Mode, Pipeline, PipelineConfig};
 
-use super::{load_checkpoint, EngineArgs, ModelArgs};
+use super::{EngineArgs, ModelArgs};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum ModeArg {
@@ -138,6 +138,7 @@ impl PipelineArgs {
 }
 
 #[derive(Args)]
+#[command(mut_arg("model", |a| a.required(true)))]
 pub struct RespondArgs {
     #[command(flatten)]
     pub model: ModelArgs,
@@ -175,7 +176,7 @@ pub fn cmd_respond(a: RespondArgs) -> Result<()> {
         let stem = a.dialogue.file_stem().and_then(|s| s.to_str()).unwrap_or("dialogue");
         PathBuf::from(format!("{stem}.trace.json"))
     });
-    let engine = Engine::new(load_checkpoint(&a.model)?, a.engine.config()?)?;
+    let engine = Engine::new(a.model.load()?, a.engine.config()?)?;
     eprintln!("{}", engine.kv_summary());
     if let Some(line) = engine.state_summary() {
         eprintln!("{line}");

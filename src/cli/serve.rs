@@ -12,9 +12,10 @@ use merg::engine::{EngineConfig, EngineThread};
 use merg::serve::{self, AppState, Limits, ModelInfo, ServeConfig};
 
 use super::respond::PipelineArgs;
-use super::{load_checkpoint, EngineArgs, ModelArgs};
+use super::{EngineArgs, ModelArgs};
 
 #[derive(Args)]
+#[command(mut_arg("model", |a| a.required(true)))]
 pub struct ServeArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -74,7 +75,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     };
     let pipeline = a.pipeline.config()?;
     let (prompts, memory) = (a.pipeline.prompts()?, a.pipeline.memory()?);
-    let ckpt = load_checkpoint(&a.model)?;
+    let ckpt = a.model.load()?;
     let info = model_info(&ckpt);
     let engine = merg::engine::Engine::new(ckpt, EngineConfig { max_context: a.max_context, ..a.engine.config()? })?;
     eprintln!("{}", engine.kv_summary());
@@ -82,7 +83,10 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         eprintln!("{line}");
     }
     let thread = EngineThread::spawn(engine);
-    let model_name = a.served_model_name.clone().unwrap_or_else(|| default_name(&a.model.model));
+    let model_name = match &a.served_model_name {
+        Some(n) => n.clone(),
+        None => default_name(a.model.name()?),
+    };
     let cfg = ServeConfig {
         model_name: model_name.clone(),
         api_key,

@@ -116,6 +116,22 @@ impl std::fmt::Display for SeveralProjectors {
 
 impl std::error::Error for SeveralProjectors {}
 
+/// In-situ quantization was asked of a GGUF model already stored in a block format.
+#[derive(Debug)]
+pub struct AlreadyQuantized {
+    pub file: PathBuf,
+    /// The file's format as llama.cpp names it (`q8_0`, `q4_k_m`).
+    pub format: String,
+}
+
+impl std::fmt::Display for AlreadyQuantized {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} is already quantized ({}): in-situ quantization applies to float weights only", self.file.display(), self.format)
+    }
+}
+
+impl std::error::Error for AlreadyQuantized {}
+
 /// What `open` reads: the model's config, its weights and its tokenizer.
 pub struct Opened {
     pub config: Value,
@@ -185,6 +201,16 @@ impl Preprocessing {
             c.read_video_budget(p)?;
         }
         Ok(c)
+    }
+}
+
+impl Opened {
+    /// Refuses in-situ quantization of a file already stored in blocks (`AlreadyQuantized`).
+    pub fn check_quant(&self, paths: &GgufPaths, quant: Option<crate::weights::Quant>) -> Result<()> {
+        if self.quantized && quant.is_some() {
+            return Err(AlreadyQuantized { file: paths.text.clone(), format: self.format.name.clone() }.into());
+        }
+        Ok(())
     }
 }
 
