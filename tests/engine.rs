@@ -411,6 +411,18 @@ fn one_read_back_per_step_for_a_batch() {
     let stats = e.stats();
     println!("{} steps, {} read-backs", stats.steps, stats.readbacks);
     assert!(stats.readbacks <= stats.steps && stats.readbacks >= 8, "{} read-backs in {} steps", stats.readbacks, stats.steps);
+    no_cpu_kernel_under_generic();
+}
+
+/// Under MERG_CPU_KERNELS=generic (every test of this binary then runs it) not one CPU kernel
+/// or host fast path ran in this process: the engine ran the device path with candle's ops
+/// alone; otherwise the kernels did run.
+fn no_cpu_kernel_under_generic() {
+    let runs = merg::cpu::kernel_runs();
+    match merg::cpu::generic() {
+        true => assert_eq!(runs, 0, "{runs} CPU kernel runs under MERG_CPU_KERNELS=generic"),
+        false => assert!(runs > 0, "the CPU path ran no CPU kernel"),
+    }
 }
 
 /// A constraint that allows nothing after its second token (an unsatisfiable schema state).

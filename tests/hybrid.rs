@@ -143,4 +143,11 @@ fn hybrid_one_read_back_per_step() {
     let stats = e.stats();
     println!("{} steps, {} read-backs", stats.steps, stats.readbacks);
     assert!(stats.readbacks <= stats.steps && stats.readbacks >= 5, "{} read-backs in {} steps", stats.readbacks, stats.steps);
+    // Under MERG_CPU_KERNELS=generic no CPU kernel or host fast path ran in this process (the
+    // delta rule included); otherwise they did.
+    let runs = merg::cpu::kernel_runs();
+    match merg::cpu::generic() {
+        true => assert_eq!(runs, 0, "{runs} CPU kernel runs under MERG_CPU_KERNELS=generic"),
+        false => assert!(runs > 0, "the CPU path ran no CPU kernel"),
+    }
 }

@@ -49,7 +49,7 @@ pub struct ModelArgs {
 /// Where `--model` points.
 pub enum Located {
     Gguf(GgufPaths),
-    Files(ModelFiles),
+    Files(Box<ModelFiles>),
 }
 
 impl ModelArgs {
@@ -80,7 +80,7 @@ impl ModelArgs {
         if let Some(p) = &self.mmproj {
             bail!("--mmproj {}: only a GGUF model takes a separate vision projector; {m} is not one", p.display());
         }
-        Ok(Located::Files(merg::hub::resolve(m, self.revision.as_deref()).map_err(|e| anyhow!("--model {m}: {e:#}"))?))
+        Ok(Located::Files(Box::new(merg::hub::resolve(m, self.revision.as_deref()).map_err(|e| anyhow!("--model {m}: {e:#}"))?)))
     }
 
     /// Opens GGUF files and checks `quant` against them, in the words every command uses.
@@ -97,7 +97,7 @@ impl ModelArgs {
         let opts = LoadOptions { dtype, quant, quant_vision: self.quant_vision };
         match self.locate()? {
             Located::Gguf(paths) => Checkpoint::load_gguf(&paths, &device, &opts).map_err(quant_error),
-            Located::Files(files) => Checkpoint::load_with(files, &device, &opts),
+            Located::Files(files) => Checkpoint::load_with(*files, &device, &opts),
         }
     }
 }

@@ -36,6 +36,7 @@ pub fn decode(q: &Tensor, k: &Tensor, v: &Tensor, kv_heads: usize, queries: &[Qu
     if !q.device().is_cpu() || k.dtype() != v.dtype() || !k.is_contiguous() || !v.is_contiguous() || r != queries.len() || heads % kv_heads != 0 {
         return Ok(None);
     }
+    super::note_kernel_run();
     let qs: Vec<f32> = q.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
     let mut out = vec![0f32; r * heads * d];
     let (ks, ko) = k.storage_and_layout();

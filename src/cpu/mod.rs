@@ -96,6 +96,20 @@ pub fn force_generic() {
     FORCE_GENERIC.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
+static KERNEL_RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts one run of a CPU kernel or host fast path (a packed product, `matvec`, the decode
+/// attention, an elementwise pass, the host delta rule), so a test can show that
+/// `MERG_CPU_KERNELS=generic` runs none of them.
+pub fn note_kernel_run() {
+    KERNEL_RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// CPU kernel and host fast-path runs in this process so far.
+pub fn kernel_runs() -> u64 {
+    KERNEL_RUNS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether a layer on `device` may take its host fast path: on the CPU, unless `generic()`.
 pub fn host_paths(device: &candle_core::Device) -> bool {
     device.is_cpu() && !generic()

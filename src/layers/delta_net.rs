@@ -148,6 +148,7 @@ impl GatedDeltaNet {
 
     /// Conv and delta rule of every run on host slices: `[T, Hv, dv]` f32 on the host.
     fn rule_on_host(&self, mixed: &Tensor, beta: &Tensor, g: &Tensor, layer: usize, cache: &mut dyn StepCache) -> Result<Tensor> {
+        crate::cpu::note_kernel_run();
         let (t, s) = (mixed.dim(0)?, self.shape);
         let (mixed, beta, g): (Vec<f32>, Vec<f32>, Vec<f32>) =
             (super::host_vec(mixed)?, super::host_vec(beta)?, super::host_vec(g)?);

@@ -43,7 +43,7 @@ enum Weight {
 /// here), read straight from the tensor's storage: a 7B model has no room for a copy of each
 /// weight.
 fn pack_dense<T: candle_core::WithDType, P>(w: &Tensor, available: bool, pack: impl Fn(&[T], usize, usize) -> P) -> Option<P> {
-    if !w.device().is_cpu() || w.dtype() != T::DTYPE || w.rank() != 2 || !available {
+    if !crate::cpu::host_paths(w.device()) || w.dtype() != T::DTYPE || w.rank() != 2 || !available {
         return None;
     }
     let (n, k) = w.dims2().ok()?;
@@ -109,7 +109,7 @@ impl Linear {
     /// and the tensor is dropped.
     pub fn quantized(weight: Arc<QTensor>, bias: Option<Tensor>) -> Result<Self> {
         let dims = weight.shape().dims().to_vec();
-        if weight.device().is_cpu() && dims.len() == 2 {
+        if crate::cpu::host_paths(&weight.device()) && dims.len() == 2 {
             if let Some(weight) = pack_blocks(weight.dtype(), &weight.data()?, dims[0], dims[1]) {
                 return Ok(Linear { weight, bias });
             }
@@ -124,7 +124,7 @@ impl Linear {
     /// kernel, or a float weight to convert; the caller loads a copy instead.
     pub fn from_mapped(m: &Mapped, dtype: DType, dev: &candle_core::Device, bias: Option<Tensor>) -> Option<Self> {
         let [n, k] = m.dims[..] else { return None };
-        if !dev.is_cpu() {
+        if !crate::cpu::host_paths(dev) {
             return None;
         }
         // Dense weights no packed kernel takes here stay row-major, copied once onto huge pages.
@@ -259,7 +259,7 @@ pub const MATVEC_MAX_ROWS: usize = 16;
 fn cpu_matvec(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     use candle_core::{Device, Storage};
     let k = *x.dims().last().unwrap_or(&0);
-    if !x.device().is_cpu() || !w.is_contiguous() || x.dtype() != w.dtype() || k == 0 || w.rank() != 2 {
+    if !crate::cpu::host_paths(x.device()) || !w.is_contiguous() || x.dtype() != w.dtype() || k == 0 || w.rank() != 2 {
         return Ok(None);
     }
     let rows = x.elem_count() / k;
@@ -271,6 +271,7 @@ fn cpu_matvec(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
         DType::F32 => super::host_vec(x)?,
         _ => vec![],
     };
+    crate::cpu::note_kernel_run();
     let mut out = vec![0f32; rows * n];
     let level = crate::cpu::level();
     {
@@ -298,13 +299,14 @@ fn cpu_matvec(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 /// and sums are f32 either way. `None`: not such a product.
 fn cpu_widened_bf16(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     let k = *x.dims().last().unwrap_or(&0);
-    if !x.device().is_cpu() || w.dtype() != DType::BF16 || x.dtype() != DType::BF16 || w.rank() != 2 || k == 0 || w.dim(1)? != k {
+    if !crate::cpu::host_paths(x.device()) || w.dtype() != DType::BF16 || x.dtype() != DType::BF16 || w.rank() != 2 || k == 0 || w.dim(1)? != k {
         return Ok(None);
     }
     let rows = x.elem_count() / k;
     if rows <= MATVEC_MAX_ROWS {
         return Ok(None);
     }
+    crate::cpu::note_kernel_run();
     let n = w.dim(0)?;
     // About 4 MiB of f32 per slab: large enough for the GEMM's blocking, small beside the model.
     let slab = ((1 << 20) / k).max(64);
@@ -323,6 +325,7 @@ fn cpu_widened_bf16(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 /// as `T` (bf16 for `cpu::bf16`, f32 for the quantized kernels), `n` outputs each, the result
 /// in `x`'s dtype.
 fn packed<T: candle_core::WithDType>(x: &Tensor, (n, k): (usize, usize), matmul: impl Fn(&[T], usize, &mut [f32]), bias: Option<&Tensor>) -> Result<Tensor> {
+    crate::cpu::note_kernel_run();
     let rows = packed_rows(x, k)?;
     let xs: Vec<T> = super::host_vec(&x.to_dtype(T::DTYPE)?)?;
     let mut out = vec![0f32; rows * n];

@@ -104,9 +104,10 @@ pub fn gated(a: Act, g: &Tensor, u: &Tensor) -> Result<Tensor> {
 /// shape (the caller checked it); `None` when the tensors are not such.
 fn binary_cpu(a: &Tensor, b: &Tensor, f32_op: fn(&[f32], &[f32], &mut [f32]), bf16_op: fn(&[half::bf16], &[half::bf16], &mut [half::bf16])) -> Result<Option<Tensor>> {
     use candle_core::{DType, Storage};
-    if !a.device().is_cpu() || !a.is_contiguous() || !b.is_contiguous() {
+    if !crate::cpu::host_paths(a.device()) || !a.is_contiguous() || !b.is_contiguous() {
         return Ok(None);
     }
+    crate::cpu::note_kernel_run();
     let n = a.elem_count();
     let (sa, la) = a.storage_and_layout();
     let (sb, lb) = b.storage_and_layout();

@@ -55,7 +55,7 @@ impl StepCache for DenseCache {
         let (s, kvh, d) = k_all.dims3()?;
         let slots: Vec<u32> = (0..s as u32).collect();
         let fast = match q.dim(0)? {
-            1 => crate::cpu::attention::decode(q, &k_all.reshape((s, kvh * d))?, &v_all.reshape((s, kvh * d))?, kvh, &[crate::cpu::attention::Query { slots: &slots }], scale as f32)?,
+            1 if crate::cpu::host_paths(q.device()) => crate::cpu::attention::decode(q, &k_all.reshape((s, kvh * d))?, &v_all.reshape((s, kvh * d))?, kvh, &[crate::cpu::attention::Query { slots: &slots }], scale as f32)?,
             _ => None,
         };
         let out = match fast {
