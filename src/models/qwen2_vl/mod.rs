@@ -38,7 +38,30 @@ pub fn parse(config: &Value) -> Result<Box<dyn FamilyConfig>> {
 
 impl FamilyConfig for Config {
     fn spec(&self) -> ModelSpec {
-        spec_of(self)
+        let t = &self.text;
+        ModelSpec {
+            model_type: self.variant.model_type().to_string(),
+            layers: vec![LayerKind::Attention; t.num_hidden_layers],
+            num_kv_heads: t.num_key_value_heads,
+            head_dim: t.head_dim(),
+            hidden_size: t.hidden_size,
+            vocab_size: t.vocab_size,
+            max_context: t.max_position_embeddings,
+            special: SpecialIds {
+                image: self.image_token_id,
+                video: self.video_token_id,
+                vision_start: self.vision_start_token_id,
+                vision_end: self.vision_end_token_id,
+                eos: self.eos_token_ids.clone(),
+            },
+            vision: Some(VisionSpec {
+                patch_size: self.vision.patch_size,
+                spatial_merge_size: self.vision.spatial_merge_size,
+                temporal_patch_size: self.vision.temporal_patch_size,
+                video_timestamps: false,
+                video_outer_markers: false,
+            }),
+        }
     }
 
     fn param_counts(&self) -> ParamCounts {
@@ -48,7 +71,7 @@ impl FamilyConfig for Config {
     fn build(&self, w: Weights) -> Result<VisionLanguageModel> {
         let (text_prefix, vision_prefix) = prefixes(|n| w.contains(n));
         VisionLanguageModel::assemble(
-            spec_of(self),
+            self.spec(),
             position::params(self),
             &w,
             || Ok(Decoder::new(&self.text.decoder(), w.pp(text_prefix), w.clone())?),
@@ -72,31 +95,4 @@ pub fn load(cfg: &Config, files: &[PathBuf], dtype: DType, device: &Device) -> R
 /// Random weights of the right shapes (benchmarks, `--load-format dummy`).
 pub fn dummy(cfg: &Config, dtype: DType, device: &Device) -> Result<VisionLanguageModel> {
     cfg.build(Weights::dummy(dtype, device))
-}
-
-fn spec_of(cfg: &Config) -> ModelSpec {
-    let t = &cfg.text;
-    ModelSpec {
-        model_type: cfg.variant.model_type().to_string(),
-        layers: vec![LayerKind::Attention; t.num_hidden_layers],
-        num_kv_heads: t.num_key_value_heads,
-        head_dim: t.head_dim(),
-        hidden_size: t.hidden_size,
-        vocab_size: t.vocab_size,
-        max_context: t.max_position_embeddings,
-        special: SpecialIds {
-            image: cfg.image_token_id,
-            video: cfg.video_token_id,
-            vision_start: cfg.vision_start_token_id,
-            vision_end: cfg.vision_end_token_id,
-            eos: cfg.eos_token_ids.clone(),
-        },
-        vision: Some(VisionSpec {
-            patch_size: cfg.vision.patch_size,
-            spatial_merge_size: cfg.vision.spatial_merge_size,
-            temporal_patch_size: cfg.vision.temporal_patch_size,
-            video_timestamps: false,
-            video_outer_markers: false,
-        }),
-    }
 }

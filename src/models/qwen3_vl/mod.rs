@@ -27,7 +27,31 @@ pub fn parse(config: &Value) -> Result<Box<dyn FamilyConfig>> {
 
 impl FamilyConfig for Config {
     fn spec(&self) -> ModelSpec {
-        spec_of(self)
+        let t = &self.text;
+        ModelSpec {
+            model_type: self.model_type.clone(),
+            layers: self.decoder.layer_kinds(),
+            num_kv_heads: t.num_key_value_heads,
+            head_dim: t.head_dim,
+            hidden_size: t.hidden_size,
+            vocab_size: t.vocab_size,
+            max_context: t.max_position_embeddings,
+            special: SpecialIds {
+                image: self.image_token_id,
+                video: self.video_token_id,
+                vision_start: self.vision_start_token_id,
+                vision_end: self.vision_end_token_id,
+                eos: self.eos_token_ids.clone(),
+            },
+            vision: Some(VisionSpec {
+                patch_size: self.vision.patch_size,
+                spatial_merge_size: self.vision.spatial_merge_size,
+                temporal_patch_size: self.vision.temporal_patch_size,
+                video_timestamps: true,
+                // The goldens' transformers: 4.57 for Qwen3-VL, 5.x (keeps them) for Qwen3.5.
+                video_outer_markers: self.model_type == "qwen3_5",
+            }),
+        }
     }
 
     fn param_counts(&self) -> ParamCounts {
@@ -42,7 +66,7 @@ impl FamilyConfig for Config {
             video_time: VideoTime::PerStep,
         };
         VisionLanguageModel::assemble(
-            spec_of(self),
+            self.spec(),
             rope,
             &w,
             || Ok(Decoder::new(&self.decoder, w.pp("model").pp("language_model"), w.clone())?),
@@ -58,33 +82,5 @@ impl VisionEncoder for VisionTower {
 
     fn deepstack_levels(&self) -> usize {
         self.levels()
-    }
-}
-
-pub fn spec_of(cfg: &Config) -> ModelSpec {
-    let t = &cfg.text;
-    ModelSpec {
-        model_type: cfg.model_type.clone(),
-        layers: cfg.decoder.layer_kinds(),
-        num_kv_heads: t.num_key_value_heads,
-        head_dim: t.head_dim,
-        hidden_size: t.hidden_size,
-        vocab_size: t.vocab_size,
-        max_context: t.max_position_embeddings,
-        special: SpecialIds {
-            image: cfg.image_token_id,
-            video: cfg.video_token_id,
-            vision_start: cfg.vision_start_token_id,
-            vision_end: cfg.vision_end_token_id,
-            eos: cfg.eos_token_ids.clone(),
-        },
-        vision: Some(VisionSpec {
-            patch_size: cfg.vision.patch_size,
-            spatial_merge_size: cfg.vision.spatial_merge_size,
-            temporal_patch_size: cfg.vision.temporal_patch_size,
-            video_timestamps: true,
-            // The goldens' transformers: 4.57 for Qwen3-VL, 5.x (keeps them) for Qwen3.5.
-            video_outer_markers: cfg.model_type == "qwen3_5",
-        }),
     }
 }
