@@ -41,7 +41,7 @@ pub enum LayerKind {
 }
 
 /// Token ids the engine must know.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct SpecialIds {
     pub image: u32,
     pub video: u32,
@@ -49,6 +49,25 @@ pub struct SpecialIds {
     pub vision_end: u32,
     /// End-of-sequence ids from the config (the tokenizer adds its own stop tokens).
     pub eos: Vec<u32>,
+}
+
+impl SpecialIds {
+    /// The ids of a vision-language config.json: each placeholder and marker id at the top
+    /// level (older exports keep them in the text fields), the end-of-sequence id(s) from the
+    /// text fields (`text`: the top level with `text_config` over it).
+    pub fn from_config(root: &serde_json::Value, text: &serde_json::Map<String, serde_json::Value>) -> Result<SpecialIds> {
+        use anyhow::Context;
+        use serde_json::Value;
+        let id = |key: &str| -> Result<u32> {
+            root.get(key).or_else(|| text.get(key)).and_then(Value::as_u64).map(|v| v as u32).with_context(|| format!("missing token id \"{key}\""))
+        };
+        let eos = match text.get("eos_token_id") {
+            Some(Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect(),
+            _ => vec![],
+        };
+        Ok(SpecialIds { image: id("image_token_id")?, video: id("video_token_id")?, vision_start: id("vision_start_token_id")?, vision_end: id("vision_end_token_id")?, eos })
+    }
 }
 
 /// How media become placeholder tokens.

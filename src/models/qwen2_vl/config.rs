@@ -12,6 +12,7 @@ use serde_json::Value;
 use crate::layers::attention::AttentionShape;
 use crate::layers::{Act, RotaryLayout};
 use crate::models::decoder::DecoderConfig;
+use crate::models::SpecialIds;
 
 /// The two variants this family folder serves. They share the text decoder; the vision
 /// towers differ (see `vision`).
@@ -146,11 +147,8 @@ pub struct Config {
     pub variant: Variant,
     pub text: TextConfig,
     pub vision: VisionConfig,
-    pub image_token_id: u32,
-    pub video_token_id: u32,
-    pub vision_start_token_id: u32,
-    pub vision_end_token_id: u32,
-    pub eos_token_ids: Vec<u32>,
+    /// Placeholder, marker and end-of-sequence ids.
+    pub special: SpecialIds,
     /// dtype the checkpoint was saved in (`torch_dtype`), e.g. "bfloat16".
     pub torch_dtype: Option<String>,
 }
@@ -212,25 +210,9 @@ impl Config {
         let vision_val = root.get("vision_config").context("missing \"vision_config\"")?;
         let vision = parse_vision(variant, vision_val, text.hidden_size).context("vision_config")?;
 
-        let id = |key: &str| -> Result<u32> {
-            text_obj
-                .get(key)
-                .and_then(Value::as_u64)
-                .map(|v| v as u32)
-                .with_context(|| format!("missing token id \"{key}\""))
-        };
-        let eos_token_ids = match text_obj.get("eos_token_id") {
-            Some(Value::Number(n)) => vec![n.as_u64().unwrap_or(0) as u32],
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect(),
-            _ => vec![],
-        };
         let cfg = Config {
             variant,
-            image_token_id: id("image_token_id")?,
-            video_token_id: id("video_token_id")?,
-            vision_start_token_id: id("vision_start_token_id")?,
-            vision_end_token_id: id("vision_end_token_id")?,
-            eos_token_ids,
+            special: SpecialIds::from_config(root, &text_obj)?,
             torch_dtype: text_obj.get("torch_dtype").and_then(Value::as_str).map(str::to_string),
             text,
             vision,
@@ -379,7 +361,7 @@ mod tests {
         assert_eq!(c.text.head_dim(), 16);
         assert_eq!(c.vision.mlp_width, 64);
         assert_eq!(c.vision.hidden_act, Act::QuickGelu);
-        assert_eq!(c.eos_token_ids, vec![490]);
+        assert_eq!(c.special.eos, vec![490]);
     }
 
     /// Qwen3-style configs state head_dim; it need not be hidden / heads.

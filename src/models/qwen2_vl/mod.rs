@@ -18,7 +18,7 @@ use vision::VisionTower;
 
 use super::decoder::Decoder;
 use super::vlm::{FamilyConfig, VisionEncoder, VisionLanguageModel};
-use super::{LayerKind, ModelSpec, ParamCounts, SpecialIds, VisionSpec};
+use super::{LayerKind, ModelSpec, ParamCounts, VisionSpec};
 use crate::weights::Weights;
 
 /// Where a checkpoint keeps its parts: hub layout (`model.`, `visual.`) or the layout newer
@@ -47,13 +47,7 @@ impl FamilyConfig for Config {
             hidden_size: t.hidden_size,
             vocab_size: t.vocab_size,
             max_context: t.max_position_embeddings,
-            special: SpecialIds {
-                image: self.image_token_id,
-                video: self.video_token_id,
-                vision_start: self.vision_start_token_id,
-                vision_end: self.vision_end_token_id,
-                eos: self.eos_token_ids.clone(),
-            },
+            special: self.special.clone(),
             vision: Some(VisionSpec {
                 patch_size: self.vision.patch_size,
                 spatial_merge_size: self.vision.spatial_merge_size,

@@ -9,8 +9,8 @@ use crate::models::{MediaGrid, Positions};
 pub fn params(cfg: &Config) -> RopeParams {
     RopeParams {
         merge: cfg.vision.spatial_merge_size,
-        image_token: cfg.image_token_id,
-        video_token: cfg.video_token_id,
+        image_token: cfg.special.image,
+        video_token: cfg.special.video,
         video_time: match cfg.variant {
             Variant::Qwen2Vl => VideoTime::Index,
             Variant::Qwen25Vl => VideoTime::Scaled { tokens_per_second: cfg.vision.tokens_per_second },

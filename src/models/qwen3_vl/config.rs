@@ -10,6 +10,7 @@ use crate::layers::attention::AttentionShape;
 use crate::layers::moe::MoeShape;
 use crate::layers::{Act, RotaryLayout};
 use crate::models::decoder::DecoderConfig;
+use crate::models::SpecialIds;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TextConfig {
@@ -112,11 +113,8 @@ pub struct Config {
     pub model_type: String,
     pub text: TextConfig,
     pub vision: VisionConfig,
-    pub image_token_id: u32,
-    pub video_token_id: u32,
-    pub vision_start_token_id: u32,
-    pub vision_end_token_id: u32,
-    pub eos_token_ids: Vec<u32>,
+    /// Placeholder, marker and end-of-sequence ids.
+    pub special: SpecialIds,
     pub decoder: DecoderConfig,
 }
 
@@ -175,26 +173,9 @@ impl Config {
         let vision_val = root.get("vision_config").context("missing \"vision_config\"")?;
         let vision: VisionConfig = serde_path_to_error::deserialize(vision_val.clone())
             .map_err(|e| anyhow::anyhow!("vision_config field {}: {}", e.path(), e.inner()))?;
-        // Token ids sit at the top level; older exports put them in text_config.
-        let id = |key: &str| -> Result<u32> {
-            root.get(key)
-                .or_else(|| text_obj.get(key))
-                .and_then(Value::as_u64)
-                .map(|v| v as u32)
-                .with_context(|| format!("missing token id \"{key}\""))
-        };
-        let eos_token_ids = match text_obj.get("eos_token_id").or_else(|| root.get("eos_token_id")) {
-            Some(Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect(),
-            _ => vec![],
-        };
         let mut cfg = Config {
             model_type: model_type.to_string(),
-            image_token_id: id("image_token_id")?,
-            video_token_id: id("video_token_id")?,
-            vision_start_token_id: id("vision_start_token_id")?,
-            vision_end_token_id: id("vision_end_token_id")?,
-            eos_token_ids,
+            special: SpecialIds::from_config(root, &text_obj)?,
             text,
             vision,
             decoder: placeholder_decoder(),
@@ -392,7 +373,7 @@ mod tests {
         assert_eq!(c.text.head_dim, 32);
         assert!(c.text.tie_word_embeddings && !c.is_moe());
         assert_eq!(c.vision.pos_side(), 8);
-        assert_eq!(c.eos_token_ids, vec![490]);
+        assert_eq!(c.special.eos, vec![490]);
         assert_eq!(c.decoder.rope, RotaryLayout::Interleaved([6, 5, 5]));
     }
 

@@ -17,7 +17,7 @@ use vision::VisionTower;
 use super::decoder::Decoder;
 use super::position::{RopeParams, VideoTime};
 use super::vlm::{FamilyConfig, VisionEncoder, VisionLanguageModel};
-use super::{ModelSpec, ParamCounts, SpecialIds, VisionSpec};
+use super::{ModelSpec, ParamCounts, VisionSpec};
 use crate::weights::Weights;
 
 /// The registry's config reader for `qwen3_vl` and `qwen3_vl_moe`.
@@ -36,13 +36,7 @@ impl FamilyConfig for Config {
             hidden_size: t.hidden_size,
             vocab_size: t.vocab_size,
             max_context: t.max_position_embeddings,
-            special: SpecialIds {
-                image: self.image_token_id,
-                video: self.video_token_id,
-                vision_start: self.vision_start_token_id,
-                vision_end: self.vision_end_token_id,
-                eos: self.eos_token_ids.clone(),
-            },
+            special: self.special.clone(),
             vision: Some(VisionSpec {
                 patch_size: self.vision.patch_size,
                 spatial_merge_size: self.vision.spatial_merge_size,
@@ -61,8 +55,8 @@ impl FamilyConfig for Config {
     fn build(&self, w: Weights) -> Result<VisionLanguageModel> {
         let rope = RopeParams {
             merge: self.vision.spatial_merge_size,
-            image_token: self.image_token_id,
-            video_token: self.video_token_id,
+            image_token: self.special.image,
+            video_token: self.special.video,
             video_time: VideoTime::PerStep,
         };
         VisionLanguageModel::assemble(
