@@ -5,13 +5,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::Device;
+use common::cli::run;
 use common::fixtures;
 
 const COMMANDS: [&str; 8] = ["generate", "respond", "eval", "serve", "bench", "bench-agents", "info", "plan"];
@@ -54,63 +52,6 @@ fn args(cmd: &str, model: &[String], out: &Path) -> Vec<String> {
     a.extend(model.iter().cloned());
     a.extend(rest);
     a
-}
-
-struct Run {
-    ok: bool,
-    stderr: String,
-}
-
-/// Runs `merg args`; a server is asked for its model list once it listens, then stopped.
-fn run(args: &[String]) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_merg"))
-        .args(args)
-        .env("HF_HUB_OFFLINE", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = err.read(&mut buf) {
-            if n == 0 || tx.send(String::from_utf8_lossy(&buf[..n]).into_owned()).is_err() {
-                break;
-            }
-        }
-    });
-    let mut stderr = String::new();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        while let Ok(chunk) = rx.try_recv() {
-            stderr.push_str(&chunk);
-        }
-        if let Some(addr) = stderr.split("listening on http://").nth(1).and_then(|r| r.split_whitespace().next()) {
-            let models = http_get(addr, "/v1/models");
-            child.kill().unwrap();
-            child.wait().unwrap();
-            let ok = models.starts_with("HTTP/1.1 200") && models.contains("\"data\"");
-            return Run { ok, stderr: format!("{stderr}\n{models}") };
-        }
-        if let Some(status) = child.try_wait().unwrap() {
-            std::thread::sleep(Duration::from_millis(50));
-            while let Ok(chunk) = rx.try_recv() {
-                stderr.push_str(&chunk);
-            }
-            return Run { ok: status.success(), stderr };
-        }
-        assert!(Instant::now() < deadline, "merg {args:?} ran past 300 s:\n{stderr}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn http_get(addr: &str, path: &str) -> String {
-    let mut c = std::net::TcpStream::connect(addr).unwrap();
-    write!(c, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut out = String::new();
-    c.read_to_string(&mut out).unwrap();
-    out
 }
 
 fn served(cmd: &str) -> bool {

@@ -57,6 +57,9 @@ pub fn cmd_info(a: InfoArgs) -> Result<()> {
     if let Some(f) = &format {
         println!("format:    {} (llama.cpp file type {})", f.name, f.file_type.as_deref().unwrap_or("unknown"));
     }
+    if let Some(r) = a.model.model.as_deref().and_then(|m| m.strip_prefix(merg::gguf::ollama::PREFIX)) {
+        ollama_layers(&merg::gguf::ollama::open(r, &merg::gguf::ollama::store_dir())?);
+    }
     if let Some(q) = quant {
         let tower = if a.model.quant_vision { " and vision tower" } else { "" };
         println!("quant:     {} in situ (decoder{tower} linear weights)", q.name());
@@ -88,4 +91,19 @@ pub fn cmd_info(a: InfoArgs) -> Result<()> {
         println!("weights:   {} tensors in {} file(s)", shards.len(), f.weights.len());
     }
     Ok(())
+}
+
+/// What Ollama's manifest adds: its name and digest, and its template, parameters and system
+/// layers (shown only: merg keeps the GGUF's own chat template).
+fn ollama_layers(o: &merg::gguf::ollama::OllamaModel) {
+    println!("ollama:    {} (digest {}, manifest {})", o.name, o.digest, o.manifest.display());
+    println!("blobs:     model {}, projector {}", o.text.display(), o.projector.as_ref().map_or("none".into(), |p| p.display().to_string()));
+    for (what, text) in [("template (not used: merg uses the GGUF's chat template)", &o.template), ("parameters", &o.params), ("system", &o.system)] {
+        if let Some(t) = text {
+            println!("ollama {what}:");
+            for line in t.lines() {
+                println!("  {line}");
+            }
+        }
+    }
 }

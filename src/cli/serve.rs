@@ -75,17 +75,24 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     };
     let pipeline = a.pipeline.config()?;
     let (prompts, memory) = (a.pipeline.prompts()?, a.pipeline.memory()?);
+    let ollama = match a.model.name()?.strip_prefix(merg::gguf::ollama::PREFIX) {
+        Some(r) => Some(merg::gguf::ollama::open(r, &merg::gguf::ollama::store_dir())?),
+        None => None,
+    };
     let ckpt = a.model.load()?;
-    let info = model_info(&ckpt);
+    let mut info = model_info(&ckpt);
+    info.digest = ollama.as_ref().map(|o| o.digest.clone());
     let engine = merg::engine::Engine::new(ckpt, EngineConfig { max_context: a.max_context, ..a.engine.config()? })?;
     eprintln!("{}", engine.kv_summary());
     if let Some(line) = engine.state_summary() {
         eprintln!("{line}");
     }
     let thread = EngineThread::spawn(engine);
-    let model_name = match &a.served_model_name {
-        Some(n) => n.clone(),
-        None => default_name(a.model.name()?),
+    // Default: Ollama's own listing name for a model from its store (`qwen3.5:27b`).
+    let model_name = match (&a.served_model_name, &ollama) {
+        (Some(n), _) => n.clone(),
+        (None, Some(o)) => o.name.clone(),
+        (None, None) => default_name(a.model.name()?),
     };
     let cfg = ServeConfig {
         model_name: model_name.clone(),
@@ -122,12 +129,18 @@ fn read_key(path: &std::path::Path) -> Result<String> {
 }
 
 fn model_info(ckpt: &merg::Checkpoint) -> ModelInfo {
-    let weight_bytes = ckpt.files.as_ref().map(|f| f.weights.iter().filter_map(|w| std::fs::metadata(w).ok()).map(|m| m.len()).sum()).unwrap_or(0);
+    let size = |paths: &mut dyn Iterator<Item = &std::path::PathBuf>| paths.filter_map(|w| std::fs::metadata(w).ok()).map(|m| m.len()).sum::<u64>();
+    let weight_bytes = match (&ckpt.files, &ckpt.gguf) {
+        (Some(f), _) => size(&mut f.weights.iter()),
+        (None, Some(g)) => size(&mut std::iter::once(&g.text).chain(g.mmproj.as_ref())),
+        (None, None) => 0,
+    };
     ModelInfo {
         family: ckpt.model.spec().model_type.clone(),
         dtype: format!("{:?}", ckpt.model.dtype()).to_lowercase(),
         weight_bytes,
         chat_template: ckpt.tokenizer().chat_template().map(|t| t.source().to_string()).unwrap_or_default(),
+        digest: None,
     }
 }
 

@@ -9,6 +9,7 @@ pub mod file;
 pub mod format;
 pub mod hub;
 pub mod names;
+pub mod ollama;
 pub mod source;
 pub mod tokenizer;
 
@@ -44,10 +45,37 @@ fn names(v: &[PathBuf]) -> String {
 /// no config.json, or a hub repo of them (`org/Model-GGUF`, `org/repo:Q4_K_M`; see `hub`) —
 /// and its files; `mmproj` overrides the projector found beside it.
 pub fn resolve(model: &str, revision: Option<&str>, mmproj: Option<&Path>) -> Result<Option<GgufPaths>> {
+    if let Some(reference) = model.strip_prefix(ollama::PREFIX) {
+        return resolve_ollama(&ollama::open(reference, &ollama::store_dir())?, mmproj).map(Some);
+    }
     if let Some(p) = resolve_local(model, mmproj)? {
         return Ok(Some(p));
     }
     hub::resolve(model, revision, mmproj, &crate::hub::HubOptions::from_env())
+}
+
+/// An Ollama model's blobs as a GGUF pair; `mmproj` overrides its projector layer. A model
+/// without a projector layer whose text blob holds vision tensors (Ollama's own layout for
+/// its newer vision models) is refused by name: merg reads llama.cpp's layout.
+pub fn resolve_ollama(m: &ollama::OllamaModel, mmproj: Option<&Path>) -> Result<GgufPaths> {
+    if let Some(p) = mmproj {
+        crate::input::regular_file(p, &crate::input::WEIGHTS)?;
+    }
+    let projector = mmproj.map(Path::to_path_buf).or_else(|| m.projector.clone());
+    if projector.is_none() {
+        let text = GgufFile::open(&m.text)?;
+        let vision = text.header.tensors.keys().filter(|n| n.starts_with("v.") || n.starts_with("mm.")).count();
+        if vision > 0 {
+            bail!(
+                "{}{}: Ollama keeps this model's vision tower inside its text blob ({vision} v.*/mm.* tensors, architecture {:?}), a layout merg does not read; merg reads llama.cpp's: a text GGUF and its mmproj projector (name one to use with this model)",
+                ollama::PREFIX,
+                m.name,
+                text.architecture()?
+            );
+        }
+        bail!("{}{}: its manifest has no projector layer, so it is a text-only model; merg needs a vision projector (mmproj) for it: name one", ollama::PREFIX, m.name);
+    }
+    Ok(GgufPaths { text: m.text.clone(), mmproj: projector })
 }
 
 /// The directory a file's path names: `.` for a bare file name (whose `parent()` is empty,

@@ -87,6 +87,9 @@ pub struct ModelInfo {
     pub dtype: String,
     pub weight_bytes: u64,
     pub chat_template: String,
+    /// The model's digest where it has one (a model from Ollama's store: its manifest's
+    /// SHA-256, as Ollama's own `/api/tags` lists it).
+    pub digest: Option<String>,
 }
 
 /// Shared by every handler.

@@ -255,9 +255,11 @@ fn details(state: &AppState) -> Value {
 pub async fn tags(State(state): State<Arc<AppState>>) -> Json<Value> {
     let name = &state.cfg.model_name;
     let modified = humantime::format_rfc3339_seconds(state.started).to_string();
-    Json(json!({"models": [{
-        "name": name, "model": name, "modified_at": modified, "size": state.cfg.info.weight_bytes, "details": details(&state),
-    }]}))
+    let mut entry = json!({"name": name, "model": name, "modified_at": modified, "size": state.cfg.info.weight_bytes, "details": details(&state)});
+    if let Some(d) = &state.cfg.info.digest {
+        entry["digest"] = json!(d);
+    }
+    Json(json!({ "models": [entry] }))
 }
 
 #[derive(Deserialize)]

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: fixture paths and golden loading.
 #![allow(dead_code)]
 
+pub mod cli;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
