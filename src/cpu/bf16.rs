@@ -11,6 +11,9 @@
 use half::bf16;
 use super::panels::{Line, Panels, PANEL};
 
+/// Activation rows from which a product takes two panels per pass.
+const PAIR_ROWS: usize = 2;
+
 /// A bf16 weight `[n, k]` in the panel layout above.
 #[derive(Debug)]
 pub struct PackedBf16(Panels);
@@ -69,14 +72,24 @@ impl PackedBf16 {
                 row[i / 2] |= (v.to_bits() as u32) << (16 * (i % 2));
             }
         }
-        super::panels::run(n, m, out, |p, g, mg, res| {
+        let one = |p: usize, g: usize, mg: usize, res: &mut [f32]| {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `available()` checked avx512f and avx512bf16; the panel holds `pairs`
             // lines and the activations `mg` rows of `pairs` from `g`.
             unsafe {
                 dp::panel(self.0.panel(p), &xp[g * pairs..(g + mg) * pairs], pairs, mg, res)
             };
-        });
+        };
+        // Two panels per pass once there are several rows: a decode step streams one panel
+        // at a time, which the prefetchers follow best.
+        let two = |p: usize, g: usize, mg: usize, a: &mut [f32], b: &mut [f32]| {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as `one`, for panels `p` and `p + 1`.
+            unsafe {
+                dp::panel_pair([self.0.panel(p), self.0.panel(p + 1)], &xp[g * pairs..(g + mg) * pairs], pairs, mg, [a, b])
+            };
+        };
+        super::panels::run_pairs(n, m, out, one, (m >= PAIR_ROWS).then_some(two));
     }
 }
 
@@ -93,6 +106,64 @@ mod dp {
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub unsafe fn panel(lines: &[Line], x: &[u32], pairs: usize, mg: usize, res: &mut [f32]) {
         super::super::panels::panel_rows!(rows, mg, (lines, x, pairs, res))
+    }
+
+    /// Two panels against `mg` activation rows, four rows at a time: each activation
+    /// broadcast serves both panels' lines. Every output is summed exactly as `panel` sums it
+    /// (the same `C` chains over the same pairs), so pairs never change a result.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn panel_pair(lines: [&[Line]; 2], x: &[u32], pairs: usize, mg: usize, res: [&mut [f32]; 2]) {
+        let [ra, rb] = res;
+        for g in (0..mg).step_by(4) {
+            let (xs, r) = (&x[g * pairs..], g * PANEL..);
+            let (a, b) = (&mut ra[r.clone()], &mut rb[r]);
+            match mg - g {
+                1 => rows_pair::<1, 2>(lines, xs, pairs, [a, b]),
+                2 => rows_pair::<2, 2>(lines, xs, pairs, [a, b]),
+                3 => rows_pair::<3, 2>(lines, xs, pairs, [a, b]),
+                _ => rows_pair::<4, 2>(lines, xs, pairs, [a, b]),
+            }
+        }
+    }
+
+    /// `rows` over two panels: `M × 2 × C` accumulators (at most 16 of the 32 registers).
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn rows_pair<const M: usize, const C: usize>(lines: [&[Line]; 2], x: &[u32], pairs: usize, res: [&mut [f32]; 2]) {
+        let bh = |v: __m512i| std::mem::transmute::<__m512i, __m512bh>(v);
+        let (la, lb) = (lines[0].as_ptr() as *const __m512i, lines[1].as_ptr() as *const __m512i);
+        let xp = x.as_ptr();
+        let mut acc = [[[_mm512_setzero_ps(); C]; 2]; M];
+        let mut i = 0;
+        while i + C <= pairs {
+            for c in 0..C {
+                let (wa, wb) = (bh(_mm512_load_si512(la.add(i + c))), bh(_mm512_load_si512(lb.add(i + c))));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let xv = bh(_mm512_set1_epi32(*xp.add(r * pairs + i + c) as i32));
+                    a[0][c] = _mm512_dpbf16_ps(a[0][c], wa, xv);
+                    a[1][c] = _mm512_dpbf16_ps(a[1][c], wb, xv);
+                }
+            }
+            i += C;
+        }
+        while i < pairs {
+            let (wa, wb) = (bh(_mm512_load_si512(la.add(i))), bh(_mm512_load_si512(lb.add(i))));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xv = bh(_mm512_set1_epi32(*xp.add(r * pairs + i) as i32));
+                a[0][0] = _mm512_dpbf16_ps(a[0][0], wa, xv);
+                a[1][0] = _mm512_dpbf16_ps(a[1][0], wb, xv);
+            }
+            i += 1;
+        }
+        let [ra, rb] = res;
+        for (r, a) in acc.iter().enumerate() {
+            for (half, out) in [(0, &mut *ra), (1, &mut *rb)] {
+                let mut s = a[half][0];
+                for v in &a[half][1..] {
+                    s = _mm512_add_ps(s, *v);
+                }
+                _mm512_storeu_ps(out.as_mut_ptr().add(r * PANEL), s);
+            }
+        }
     }
 
     /// `M` activation rows with `C` accumulator chains each (constants, so the accumulators
@@ -150,7 +221,7 @@ mod tests {
             eprintln!("no AVX-512 BF16: the unpacked kernels run instead");
             return Ok(());
         }
-        for &(m, k, n) in &[(1, 64, 37), (1, 896, 130), (2, 33, 16), (5, 256, 20), (11, 161, 9), (40, 320, 33)] {
+        for &(m, k, n) in &[(1, 64, 37), (1, 896, 130), (2, 33, 16), (5, 256, 20), (11, 161, 9), (40, 320, 33), (13, 96, 100)] {
             let x = crate::testing::randn(113, (m, k), 1.)?.to_dtype(DType::BF16)?;
             let w = crate::testing::randn(114, (n, k), 1.)?.to_dtype(DType::BF16)?;
             let want = x.to_dtype(DType::F32)?.matmul(&w.to_dtype(DType::F32)?.t()?)?.to_vec2::<f32>()?;
@@ -158,6 +229,26 @@ mod tests {
             let mut got = vec![0f32; m * n];
             packed.matmul(&x.flatten_all()?.to_vec1::<bf16>()?, m, &mut got);
             assert_close(&want, &got, 1e-5, &format!("{m}x{k}x{n}"));
+        }
+        Ok(())
+    }
+
+    /// A row's product is the same bits whatever rows share the call: alone it takes one
+    /// panel per pass, among others two (`panel_pair`), and both sum every output alike.
+    #[test]
+    fn a_rows_product_does_not_depend_on_its_batch() -> candle_core::Result<()> {
+        if !available() {
+            return Ok(());
+        }
+        let (k, n) = (202, 70);
+        let x = crate::testing::randn(62, (11, k), 1.)?.to_dtype(DType::BF16)?.flatten_all()?.to_vec1::<bf16>()?;
+        let packed = PackedBf16::pack(&crate::testing::randn(63, (n, k), 1.)?.to_dtype(DType::BF16)?.flatten_all()?.to_vec1::<bf16>()?, n, k);
+        let mut all = vec![0f32; 11 * n];
+        packed.matmul(&x, 11, &mut all);
+        for m in [1, 2, 5, 7] {
+            let mut got = vec![0f32; m * n];
+            packed.matmul(&x[..m * k], m, &mut got);
+            assert_eq!(got, all[..m * n], "first {m} rows alone vs among 11");
         }
         Ok(())
     }

@@ -99,16 +99,42 @@ impl std::fmt::Debug for Panels {
 /// `out[m, n]` from `kernel(panel, first_row, rows, res)`, which writes `res[r * 16 + lane]`
 /// for activation rows `first_row..first_row + rows` (at most `PASS_ROWS`) of one panel.
 pub fn run(n: usize, m: usize, out: &mut [f32], kernel: impl Fn(usize, usize, usize, &mut [f32]) + Sync) {
+    run_pairs(n, m, out, kernel, None::<fn(usize, usize, usize, &mut [f32], &mut [f32])>)
+}
+
+/// As `run`, with `pair(panel, first_row, rows, res, res_next)` doing panels `panel` and
+/// `panel + 1` in one pass where a task holds both (each activation broadcast serves twice the
+/// weights). A pair kernel must compute every output exactly as `kernel` does, so the split
+/// into pairs never changes a result.
+pub fn run_pairs(n: usize, m: usize, out: &mut [f32], kernel: impl Fn(usize, usize, usize, &mut [f32]) + Sync, pair: Option<impl Fn(usize, usize, usize, &mut [f32], &mut [f32]) + Sync>) {
     assert!(out.len() >= m * n, "panel product: output shorter than [{m}, {n}]");
     let panels = n.div_ceil(PANEL);
     let per_task = super::matvec::rows_per_task(panels, m).min(panels).max(1);
     // Results panel-major ([panel][m][16]) so each task writes one contiguous run.
     let mut t = vec![0f32; panels * m * PANEL];
-    super::team::chunks_mut(&mut t, per_task * m * PANEL, |c, chunk| {
-        for (i, res) in chunk.chunks_exact_mut(m * PANEL).enumerate() {
-            for g in (0..m).step_by(PASS_ROWS) {
-                let mg = (m - g).min(PASS_ROWS);
-                kernel(c * per_task + i, g, mg, &mut res[g * PANEL..(g + mg) * PANEL]);
+    let stride = m * PANEL;
+    super::team::chunks_mut(&mut t, per_task * stride, |c, chunk| {
+        let count = chunk.len() / stride;
+        let mut i = 0;
+        while i < count {
+            let first = c * per_task + i;
+            match (&pair, i + 1 < count) {
+                (Some(pair), true) => {
+                    let (a, b) = chunk[i * stride..(i + 2) * stride].split_at_mut(stride);
+                    for g in (0..m).step_by(PASS_ROWS) {
+                        let mg = (m - g).min(PASS_ROWS);
+                        pair(first, g, mg, &mut a[g * PANEL..(g + mg) * PANEL], &mut b[g * PANEL..(g + mg) * PANEL]);
+                    }
+                    i += 2;
+                }
+                _ => {
+                    let res = &mut chunk[i * stride..(i + 1) * stride];
+                    for g in (0..m).step_by(PASS_ROWS) {
+                        let mg = (m - g).min(PASS_ROWS);
+                        kernel(first, g, mg, &mut res[g * PANEL..(g + mg) * PANEL]);
+                    }
+                    i += 1;
+                }
             }
         }
     });
