@@ -9,6 +9,7 @@ pub mod info;
 pub mod plan;
 pub mod report;
 pub mod respond;
+#[cfg(feature = "serve")]
 pub mod serve;
 
 use anyhow::Result;
