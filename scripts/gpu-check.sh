@@ -31,6 +31,7 @@ build() {
   source "$TC/env.sh"
   export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
   # Without `video`: GPU machines carry no ffmpeg libraries (keyframes and images still work).
+  # Nor `serve` or `hub`, which no step below uses (GPU_FEATURES=cuda,serve,hub adds them).
   local features=(--no-default-features --features "${GPU_FEATURES:-cuda}")
   cargo build --release "${features[@]}" --bin merg
   local test_bin

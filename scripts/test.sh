@@ -10,6 +10,8 @@ bash scripts/install-deps.sh
 MERG_PYTHON="$(bash scripts/py-clients.sh)"
 export MERG_PYTHON MERG_REQUIRE_PY_CLIENTS=1
 cargo test --all-targets "$@"
+# The library as a user who wants none of the optional features (serve, hub, video) builds it.
+cargo test --no-default-features --lib
 # The kernels again at each lower level (MERG_CPU_KERNELS): on an AVX-512 machine the AVX2
 # kernels run only here; at `portable` the block types fall back to candle's kernels.
 for level in avx2 portable; do

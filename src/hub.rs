@@ -1,5 +1,7 @@
 //! Finding a checkpoint: a local directory, or a Hugging Face repo id resolved through the
-//! hub cache (offline) or the hub API (online, which also fills the cache).
+//! hub cache (offline) or the hub API (online, which also fills the cache). Downloading needs
+//! the `hub` feature (on by default); without it a repo id resolves from the hub cache only,
+//! as when offline, and one that is not cached is an error saying how to provide it.
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::BTreeSet;
@@ -31,7 +33,8 @@ pub struct ModelFiles {
 pub struct HubOptions {
     /// The `hub` cache directory (holding `models--org--name/`).
     pub cache_dir: PathBuf,
-    /// Never touch the network; resolve from `cache_dir` only.
+    /// Never touch the network; resolve from `cache_dir` only (always so without the `hub`
+    /// feature).
     pub offline: bool,
 }
 
@@ -81,7 +84,8 @@ const OPTIONAL: [&str; 6] = [
 ];
 
 /// Resolves `model`: an existing local directory is used as is; anything else is taken as a
-/// hub repo id (`org/name`), looked up in `opts.cache_dir` (offline) or fetched (online).
+/// hub repo id (`org/name`), looked up in `opts.cache_dir` (offline, or built without the
+/// `hub` feature) or fetched (online).
 pub fn resolve_with(model: &str, revision: Option<&str>, opts: &HubOptions) -> Result<ModelFiles> {
     if model.trim().is_empty() {
         bail!("the model name is empty: give a checkpoint directory or a Hugging Face repo id");
@@ -103,11 +107,38 @@ pub fn resolve_with(model: &str, revision: Option<&str>, opts: &HubOptions) -> R
         bail!("model directory {model} does not exist");
     }
     let revision = revision.unwrap_or("main");
-    if opts.offline {
-        resolve_cached(model, revision, &opts.cache_dir)
-    } else {
-        resolve_online(model, revision, opts)
+    #[cfg(feature = "hub")]
+    if !opts.offline {
+        return resolve_online(model, revision, opts);
     }
+    resolve_cached(model, revision, opts)
+}
+
+/// The hub cache's folder of a model repo, `models--org--name` (huggingface_hub's layout, the
+/// name hf-hub's `Repo::folder_name` gives).
+pub fn repo_folder_name(repo: &str) -> String {
+    format!("models--{}", repo.replace('/', "--"))
+}
+
+/// How to provide `repo` when it is not (fully) in the hub cache and will not be downloaded:
+/// offline, or built without the `hub` feature.
+pub(crate) fn not_cached_help(repo: &str, revision: &str, opts: &HubOptions) -> String {
+    let cache = opts.cache_dir.display();
+    if opts.offline {
+        return format!(
+            "To provide it: on a connected machine run \
+             `huggingface-cli download {repo} --local-dir DIR`, copy DIR here and load it as a local directory; \
+             or copy that machine's hub cache into {cache} (HF_HOME/hub or HF_HUB_CACHE)"
+        );
+    }
+    let rev = if revision == "main" { String::new() } else { format!(" --revision {revision}") };
+    format!(
+        "This merg was built without the `hub` feature, so it reads repos from the hub cache only \
+         and cannot download {repo}. To provide it: download it into the hub cache \
+         (`huggingface-cli download {repo}{rev}` with HF_HUB_CACHE={cache}), or into a directory \
+         (`huggingface-cli download {repo}{rev} --local-dir DIR`) and load that directory; \
+         or build merg with the `hub` feature (`cargo build --features hub`; it is on by default)"
+    )
 }
 
 /// A plain directory with the files side by side.
@@ -196,10 +227,12 @@ pub fn shard_names(index: &Path) -> Result<Vec<String>> {
     Ok(names.into_iter().collect())
 }
 
-/// Offline: `cache/models--org--name/refs/<revision>` names a snapshot (or `revision` is a
-/// commit hash with a snapshot of its own); every file must be in that snapshot.
-fn resolve_cached(repo: &str, revision: &str, cache_dir: &Path) -> Result<ModelFiles> {
-    let repo_dir = cache_dir.join(hf_hub::Repo::model(repo.to_string()).folder_name());
+/// From the cache only (offline, or no `hub` feature): `cache/models--org--name/refs/<revision>`
+/// names a snapshot (or `revision` is a commit hash with a snapshot of its own); every file
+/// must be in that snapshot.
+fn resolve_cached(repo: &str, revision: &str, opts: &HubOptions) -> Result<ModelFiles> {
+    let cache_dir = &opts.cache_dir;
+    let repo_dir = cache_dir.join(repo_folder_name(repo));
     let snapshot = snapshot_dir(&repo_dir, revision);
     let lookup = |f: &str| snapshot.as_ref().map(|s| s.join(f)).filter(|p| p.is_file());
 
@@ -233,13 +266,11 @@ fn resolve_cached(repo: &str, revision: &str, cache_dir: &Path) -> Result<ModelF
                 repo_dir.display()
             ),
         };
+        let why = if opts.offline { "offline (HF_HUB_OFFLINE) and " } else { "" };
         bail!(
-            "offline (HF_HUB_OFFLINE) and model {repo}@{revision} is not fully cached in {where_}; \
-             missing: {}.\nTo provide it: on a connected machine run \
-             `huggingface-cli download {repo} --local-dir DIR`, copy DIR here and load it as a local directory; \
-             or copy that machine's hub cache into {} (HF_HOME/hub or HF_HUB_CACHE)",
+            "{why}model {repo}@{revision} is not fully cached in {where_}; missing: {}.\n{}",
             missing.join(", "),
-            cache_dir.display()
+            not_cached_help(repo, revision, opts)
         );
     }
     let [tokenizer_config, preprocessor_config, generation_config, jinja, json, video_preprocessor_config] =
@@ -272,6 +303,7 @@ pub(crate) fn snapshot_dir(repo_dir: &Path, revision: &str) -> Option<PathBuf> {
 }
 
 /// The hub client: the cache in `opts`, `HF_TOKEN` when set.
+#[cfg(feature = "hub")]
 pub(crate) fn api(opts: &HubOptions) -> Result<hf_hub::api::sync::Api> {
     let mut builder = hf_hub::api::sync::ApiBuilder::from_env()
         .with_cache_dir(opts.cache_dir.clone())
@@ -283,6 +315,7 @@ pub(crate) fn api(opts: &HubOptions) -> Result<hf_hub::api::sync::Api> {
 }
 
 /// Online: hf-hub's sync API; files already in the cache are not downloaded again.
+#[cfg(feature = "hub")]
 fn resolve_online(repo: &str, revision: &str, opts: &HubOptions) -> Result<ModelFiles> {
     let api = api(opts)?;
     let r = api.repo(hf_hub::Repo::with_revision(
@@ -336,4 +369,78 @@ fn resolve_online(repo: &str, revision: &str, opts: &HubOptions) -> Result<Model
         generation_config,
         chat_template: jinja.or(json),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cache/models--org--name/{refs/main, snapshots/<sha>/files}` as huggingface_hub writes it.
+    fn fake_repo(cache: &Path, repo: &str, files: &[&str]) -> PathBuf {
+        let root = cache.join(repo_folder_name(repo));
+        std::fs::create_dir_all(root.join("refs")).unwrap();
+        std::fs::write(root.join("refs/main"), "abc123").unwrap();
+        let snap = root.join("snapshots/abc123");
+        std::fs::create_dir_all(&snap).unwrap();
+        for f in files {
+            std::fs::write(snap.join(f), "{}").unwrap();
+        }
+        snap
+    }
+
+    fn opts(cache: &Path, offline: bool) -> HubOptions {
+        HubOptions { cache_dir: cache.to_path_buf(), offline }
+    }
+
+    #[test]
+    fn repo_folder_names_follow_the_hub_cache_layout() {
+        assert_eq!(repo_folder_name("Qwen/Qwen2-VL-2B-Instruct"), "models--Qwen--Qwen2-VL-2B-Instruct");
+        #[cfg(feature = "hub")]
+        for repo in ["Qwen/Qwen2-VL-2B-Instruct", "org/a.b-c_d", "name-only"] {
+            assert_eq!(repo_folder_name(repo), hf_hub::Repo::model(repo.to_string()).folder_name());
+        }
+    }
+
+    /// The cache is read by the same code in every build; offline it never downloads.
+    #[test]
+    fn a_cached_repo_resolves_offline() {
+        let cache = tempfile::tempdir().unwrap();
+        let snap = fake_repo(cache.path(), "org/cached", &["config.json", "tokenizer.json", "model.safetensors"]);
+        let m = resolve_with("org/cached", None, &opts(cache.path(), true)).unwrap();
+        assert_eq!((m.dir, m.weights), (snap.clone(), vec![snap.join("model.safetensors")]));
+    }
+
+    /// Without `hub`, a repo in the cache resolves as it does offline, and one that is not
+    /// cached (or only in part) names the repo, says why it cannot be downloaded and how to
+    /// provide it.
+    #[cfg(not(feature = "hub"))]
+    #[test]
+    fn without_the_hub_feature_repos_come_from_the_cache() {
+        let cache = tempfile::tempdir().unwrap();
+        let snap = fake_repo(cache.path(), "org/cached", &["config.json", "tokenizer.json", "model.safetensors"]);
+        let m = resolve_with("org/cached", None, &opts(cache.path(), false)).unwrap();
+        assert_eq!(m, resolve_with("org/cached", None, &opts(cache.path(), true)).unwrap());
+        assert_eq!(m.config, snap.join("config.json"));
+
+        let cache_s = cache.path().display().to_string();
+        let e = format!("{:#}", resolve_with("org/not-cached", None, &opts(cache.path(), false)).unwrap_err());
+        for needle in [
+            "org/not-cached@main",
+            "built without the `hub` feature",
+            "cannot download org/not-cached",
+            "`huggingface-cli download org/not-cached` with HF_HUB_CACHE=",
+            &cache_s,
+            "--local-dir DIR`) and load that directory",
+            "`cargo build --features hub`",
+        ] {
+            assert!(e.contains(needle), "{needle:?} not in: {e}");
+        }
+        assert!(!e.contains("HF_HUB_OFFLINE") && !e.contains("--model"), "{e}");
+
+        fake_repo(cache.path(), "org/partial", &["config.json"]);
+        let e = format!("{:#}", resolve_with("org/partial", Some("main"), &opts(cache.path(), false)).unwrap_err());
+        assert!(e.contains("missing: tokenizer.json, model.safetensors") && e.contains("`hub` feature"), "{e}");
+        let e = format!("{:#}", resolve_with("org/cached", Some("v2"), &opts(cache.path(), false)).unwrap_err());
+        assert!(e.contains("org/cached@v2") && e.contains("download org/cached --revision v2"), "{e}");
+    }
 }

@@ -63,6 +63,8 @@ pub mod pipeline;
 pub mod plan;
 pub mod processor;
 pub mod report;
+/// The HTTP server behind `merg serve` (the `serve` feature, on by default).
+#[cfg(feature = "serve")]
 pub mod serve;
 /// Seeded random tensors for tests (unit and integration); not part of the API.
 #[doc(hidden)]

@@ -33,6 +33,7 @@ enum Cmd {
     /// Build the exemplar memory for SGRG from a held-out split (MELD dev, IEMOCAP Session 2).
     Memory(cli::eval::MemoryArgs),
     /// Serve the model over HTTP: OpenAI and Ollama APIs plus /v1/merg/respond.
+    #[cfg(feature = "serve")]
     Serve(Box<cli::serve::ServeArgs>),
     /// Tables, figures and human-evaluation sheets from eval run folders.
     Report(cli::report::ReportArgs),
@@ -41,7 +42,10 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // A server logs one line per request by default; other commands only what RUST_LOG asks.
+    #[cfg(feature = "serve")]
     let default = if matches!(cli.cmd, Cmd::Serve(_)) { "merg=info" } else { "error" };
+    #[cfg(not(feature = "serve"))]
+    let default = "error";
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     if let Ok(forced) = std::env::var("MERG_CPU_KERNELS") {
@@ -60,6 +64,7 @@ fn main() -> ExitCode {
         Cmd::Respond(a) => cli::respond::cmd_respond(a),
         Cmd::Eval(a) => cli::eval::cmd_eval(*a),
         Cmd::Memory(a) => cli::eval::cmd_memory(a),
+        #[cfg(feature = "serve")]
         Cmd::Serve(a) => cli::serve::cmd_serve(*a),
         Cmd::Report(a) => cli::report::cmd_report(a),
     };

@@ -292,7 +292,7 @@ fn hostile_checkpoints_templates_and_flags() {
     cfg["intermediate_size"] = 1_000_000_000.into();
     std::fs::write(&absurd, cfg.to_string()).unwrap();
     let case = |name, args: Vec<String>, needles: &[&str]| Case { args, ..Case::fails(name, &[], needles) };
-    check(vec![
+    let mut cases = vec![
         case("model dir missing", gen(&s(&d.join("no_model")), &[]), &["no_model"]),
         case("config not JSON", gen(&bad_json, &[]), &["bad_json", "config.json"]),
         case("hidden_size 0", gen(&zero_hidden, &[]), &["zero_hidden", "hidden_size must be at least 1"]),
@@ -315,9 +315,14 @@ fn hostile_checkpoints_templates_and_flags() {
         case("video is a FIFO", gen(&model, &["--video", &pipe]), &["FIFO"]),
         case("runaway prompt template", respond(&model, &good, &["--prompts", &s(&prompts)]), &["mpa.j2", "runs away"]).within(60),
         case("prompt template syntax", respond(&model, &good, &["--prompts", &s(&syntax)]), &["caef.j2"]),
-        case("serve on 0.0.0.0 without a key", vec!["serve".into(), "--model".into(), model.clone(), "--host".into(), "0.0.0.0".into()], &["API key", "--api-key-file"]),
-        case("serve key file is /dev/zero", vec!["serve".into(), "--model".into(), model.clone(), "--api-key-file".into(), "/dev/zero".into()], &["--api-key-file", "not a regular file"]),
-    ]);
+    ];
+    if cfg!(feature = "serve") {
+        cases.extend([
+            case("serve on 0.0.0.0 without a key", vec!["serve".into(), "--model".into(), model.clone(), "--host".into(), "0.0.0.0".into()], &["API key", "--api-key-file"]),
+            case("serve key file is /dev/zero", vec!["serve".into(), "--model".into(), model.clone(), "--api-key-file".into(), "/dev/zero".into()], &["--api-key-file", "not a regular file"]),
+        ]);
+    }
+    check(cases);
 }
 
 /// Qwen3-VL checkpoints that disagree with their config: each error names the field or the

@@ -196,6 +196,7 @@ fn merg_respond_cli_writes_a_trace() {
 
 /// IEMOCAP-style: one recording of the dialog; keyframes come from the history turns' spans
 /// and never from the answered turn onward.
+#[cfg(feature = "video")]
 #[test]
 fn recording_keyframes_stop_before_the_answered_turn() {
     let clip = fixtures().join("media/clip.mp4");

@@ -10,6 +10,7 @@ pub mod model;
 pub mod plan;
 pub mod report;
 pub mod respond;
+#[cfg(feature = "serve")]
 pub mod serve;
 
 use anyhow::Result;
