@@ -327,7 +327,7 @@ fn resolve_online(repo: &str, revision: &str, opts: &HubOptions) -> Result<Model
         r.get(f).with_context(|| {
             format!(
                 "downloading {f} of {repo}@{revision} failed (no network? set HF_HUB_OFFLINE=1 to use \
-                 only the cache, or pass --model DIR with a local copy)"
+                 only the cache, or give a local directory holding a copy)"
             )
         })
     };
