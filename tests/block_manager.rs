@@ -206,12 +206,16 @@ impl Model {
                     return Ok(());
                 }
                 let s = self.live.swap_remove(seq % self.live.len());
+                // A second free shows only where the first one released a block: a table all of
+                // whose blocks other sequences also hold (prefix-cache hits) is, to the pool,
+                // one more owner's table, and freeing it again would be taken as theirs.
+                let detectable = s.table.iter().any(|&b| self.bm.ref_count(b) == Some(1));
                 self.bm
                     .free(&s.table)
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                // Freeing again right away must be refused without touching anything.
+                // Freeing again right away must then be refused without touching anything.
                 let avail = self.bm.num_available();
-                if !s.table.is_empty() {
+                if detectable {
                     prop_assert!(self.bm.free(&s.table).is_err(), "double free accepted");
                 }
                 prop_assert_eq!(self.bm.num_available(), avail);
@@ -222,7 +226,9 @@ impl Model {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    // Seeded: the same 512 cases on every run (and the saved regressions first), so CI's
+    // verdict never depends on the draw.
+    #![proptest_config(ProptestConfig { cases: 512, rng_seed: proptest::test_runner::RngSeed::Fixed(0x6d65_7267), ..ProptestConfig::default() })]
 
     #[test]
     fn random_ops_keep_invariants(
