@@ -105,104 +105,87 @@ mod dp {
     /// One panel against `mg` activation rows: `res[r * 16 + lane]`.
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub unsafe fn panel(lines: &[Line], x: &[u32], pairs: usize, mg: usize, res: &mut [f32]) {
-        super::super::panels::panel_rows!(rows, mg, (lines, x, pairs, res))
+        super::super::panels::panel_rows!(one, mg, (lines, x, pairs, res))
+    }
+
+    /// `rows` of one panel, in the form `panels::panel_rows!` dispatches.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn one<const M: usize, const C: usize>(lines: &[Line], x: &[u32], pairs: usize, res: &mut [f32]) {
+        rows::<M, C, 1>([lines], x, pairs, [res])
     }
 
     /// Two panels against `mg` activation rows, four rows at a time: each activation
-    /// broadcast serves both panels' lines. Every output is summed exactly as `panel` sums it
-    /// (the same `C` chains over the same pairs), so pairs never change a result.
+    /// broadcast serves both panels' lines. `rows` sums every output alike for one panel or
+    /// two (the same `C` chains over the same pairs), so pairs never change a result.
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub unsafe fn panel_pair(lines: [&[Line]; 2], x: &[u32], pairs: usize, mg: usize, res: [&mut [f32]; 2]) {
         let [ra, rb] = res;
         for g in (0..mg).step_by(4) {
             let (xs, r) = (&x[g * pairs..], g * PANEL..);
-            let (a, b) = (&mut ra[r.clone()], &mut rb[r]);
+            let res = [&mut ra[r.clone()], &mut rb[r]];
             match mg - g {
-                1 => rows_pair::<1, 2>(lines, xs, pairs, [a, b]),
-                2 => rows_pair::<2, 2>(lines, xs, pairs, [a, b]),
-                3 => rows_pair::<3, 2>(lines, xs, pairs, [a, b]),
-                _ => rows_pair::<4, 2>(lines, xs, pairs, [a, b]),
+                1 => rows::<1, 2, 2>(lines, xs, pairs, res),
+                2 => rows::<2, 2, 2>(lines, xs, pairs, res),
+                3 => rows::<3, 2, 2>(lines, xs, pairs, res),
+                _ => rows::<4, 2, 2>(lines, xs, pairs, res),
             }
         }
     }
 
-    /// `rows` over two panels: `M × 2 × C` accumulators (at most 16 of the 32 registers).
+    /// `M` activation rows against `P` panels with `C` accumulator chains each (constants, so
+    /// the `M × P × C` accumulators stay in registers; `C` chains hide `vdpbf16ps`'s latency
+    /// when `M` is small, and `panels::panel_rows` keeps `C` the same for every `M`:
+    /// batch-invariant sums). Each activation broadcast serves all `P` panels' lines.
     #[target_feature(enable = "avx512f,avx512bf16")]
-    unsafe fn rows_pair<const M: usize, const C: usize>(lines: [&[Line]; 2], x: &[u32], pairs: usize, res: [&mut [f32]; 2]) {
+    unsafe fn rows<const M: usize, const C: usize, const P: usize>(lines: [&[Line]; P], x: &[u32], pairs: usize, mut res: [&mut [f32]; P]) {
         let bh = |v: __m512i| std::mem::transmute::<__m512i, __m512bh>(v);
-        let (la, lb) = (lines[0].as_ptr() as *const __m512i, lines[1].as_ptr() as *const __m512i);
+        let mut l = [std::ptr::null::<__m512i>(); P];
+        for (p, lines) in lines.iter().enumerate() {
+            l[p] = lines.as_ptr() as *const __m512i;
+        }
         let xp = x.as_ptr();
-        let mut acc = [[[_mm512_setzero_ps(); C]; 2]; M];
-        let mut i = 0;
-        while i + C <= pairs {
-            for c in 0..C {
-                let (wa, wb) = (bh(_mm512_load_si512(la.add(i + c))), bh(_mm512_load_si512(lb.add(i + c))));
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let xv = bh(_mm512_set1_epi32(*xp.add(r * pairs + i + c) as i32));
-                    a[0][c] = _mm512_dpbf16_ps(a[0][c], wa, xv);
-                    a[1][c] = _mm512_dpbf16_ps(a[1][c], wb, xv);
-                }
-            }
-            i += C;
-        }
-        while i < pairs {
-            let (wa, wb) = (bh(_mm512_load_si512(la.add(i))), bh(_mm512_load_si512(lb.add(i))));
-            for (r, a) in acc.iter_mut().enumerate() {
-                let xv = bh(_mm512_set1_epi32(*xp.add(r * pairs + i) as i32));
-                a[0][0] = _mm512_dpbf16_ps(a[0][0], wa, xv);
-                a[1][0] = _mm512_dpbf16_ps(a[1][0], wb, xv);
-            }
-            i += 1;
-        }
-        let [ra, rb] = res;
-        for (r, a) in acc.iter().enumerate() {
-            for (half, out) in [(0, &mut *ra), (1, &mut *rb)] {
-                let mut s = a[half][0];
-                for v in &a[half][1..] {
-                    s = _mm512_add_ps(s, *v);
-                }
-                _mm512_storeu_ps(out.as_mut_ptr().add(r * PANEL), s);
-            }
-        }
-    }
-
-    /// `M` activation rows with `C` accumulator chains each (constants, so the accumulators
-    /// stay in registers; `C` chains hide `vdpbf16ps`'s latency when `M` is small, and
-    /// `panels::panel_rows` keeps `C` the same for every `M`: batch-invariant sums).
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    unsafe fn rows<const M: usize, const C: usize>(lines: &[Line], x: &[u32], pairs: usize, res: &mut [f32]) {
-        let bh = |v: __m512i| std::mem::transmute::<__m512i, __m512bh>(v);
-        let l = lines.as_ptr() as *const __m512i;
-        let xp = x.as_ptr();
-        let mut acc = [[_mm512_setzero_ps(); C]; M];
+        let mut acc = [[[_mm512_setzero_ps(); C]; P]; M];
+        let mut w = [bh(_mm512_setzero_si512()); P];
         let mut i = 0;
         while i + C <= pairs {
             for c in 0..C {
                 // At batch 1 the panels are one stream: ask for each line PREFETCH lines ahead
                 // (past the panel's end is the next panel; a prefetch never faults).
-                if M <= 2 {
-                    _mm_prefetch::<_MM_HINT_T0>(l.add(i + c + PREFETCH) as *const i8);
+                if M <= 2 && P == 1 {
+                    _mm_prefetch::<_MM_HINT_T0>(l[0].add(i + c + PREFETCH) as *const i8);
                 }
-                let w = bh(_mm512_load_si512(l.add(i + c)));
+                for p in 0..P {
+                    w[p] = bh(_mm512_load_si512(l[p].add(i + c)));
+                }
                 for (r, a) in acc.iter_mut().enumerate() {
-                    a[c] = _mm512_dpbf16_ps(a[c], w, bh(_mm512_set1_epi32(*xp.add(r * pairs + i + c) as i32)));
+                    let xv = bh(_mm512_set1_epi32(*xp.add(r * pairs + i + c) as i32));
+                    for p in 0..P {
+                        a[p][c] = _mm512_dpbf16_ps(a[p][c], w[p], xv);
+                    }
                 }
             }
             i += C;
         }
         while i < pairs {
-            let w = bh(_mm512_load_si512(l.add(i)));
+            for p in 0..P {
+                w[p] = bh(_mm512_load_si512(l[p].add(i)));
+            }
             for (r, a) in acc.iter_mut().enumerate() {
-                a[0] = _mm512_dpbf16_ps(a[0], w, bh(_mm512_set1_epi32(*xp.add(r * pairs + i) as i32)));
+                let xv = bh(_mm512_set1_epi32(*xp.add(r * pairs + i) as i32));
+                for p in 0..P {
+                    a[p][0] = _mm512_dpbf16_ps(a[p][0], w[p], xv);
+                }
             }
             i += 1;
         }
         for (r, a) in acc.iter().enumerate() {
-            let mut s = a[0];
-            for v in &a[1..] {
-                s = _mm512_add_ps(s, *v);
+            for (p, out) in res.iter_mut().enumerate() {
+                let mut s = a[p][0];
+                for v in &a[p][1..] {
+                    s = _mm512_add_ps(s, *v);
+                }
+                _mm512_storeu_ps(out.as_mut_ptr().add(r * PANEL), s);
             }
-            _mm512_storeu_ps(res.as_mut_ptr().add(r * PANEL), s);
         }
     }
 }
