@@ -24,7 +24,7 @@ const FAMILIES: [(&str, &str); 4] = [("qwen2_vl", "qwen2-vl"), ("qwen2_5_vl", "q
 
 fn gguf(dir: &str, kind: &str) -> GgufPaths {
     let base = fixtures().join("gguf").join(dir);
-    GgufPaths { text: base.join(format!("tiny-{dir}-{kind}.gguf")), mmproj: Some(base.join(format!("mmproj-tiny-{dir}-f32.gguf"))) }
+    GgufPaths::new(base.join(format!("tiny-{dir}-{kind}.gguf")), Some(base.join(format!("mmproj-tiny-{dir}-f32.gguf"))))
 }
 
 fn shards(dir: &Path) -> Vec<PathBuf> {
@@ -221,7 +221,7 @@ fn load_err(paths: &GgufPaths, opts: &LoadOptions) -> String {
 fn bad_gguf_files_are_named() {
     let good = gguf("qwen2-vl", "f32");
     let tmp = tempfile::tempdir().unwrap();
-    let with_text = |text: PathBuf| GgufPaths { text, mmproj: good.mmproj.clone() };
+    let with_text = |text: PathBuf| GgufPaths::new(text, good.mmproj.clone());
 
     // Truncated: the header is intact, tensor data runs past the end.
     let bytes = std::fs::read(&good.text).unwrap();
@@ -250,13 +250,13 @@ fn bad_gguf_files_are_named() {
     }
 
     // A projector for another model.
-    let other = GgufPaths { text: good.text.clone(), mmproj: gguf("qwen3-vl", "f32").mmproj };
+    let other = GgufPaths::new(good.text.clone(), gguf("qwen3-vl", "f32").mmproj);
     let e = load_err(&other, &LoadOptions::default());
     assert!(e.contains("mmproj-tiny-qwen3-vl-f32.gguf") && e.contains("another model"), "{e}");
     // No projector; the projector as the model.
-    let e = load_err(&GgufPaths { text: good.text.clone(), mmproj: None }, &LoadOptions::default());
+    let e = load_err(&GgufPaths::new(good.text.clone(), None), &LoadOptions::default());
     assert!(e.contains("vision projector"), "{e}");
-    let e = load_err(&GgufPaths { text: good.mmproj.clone().unwrap(), mmproj: None }, &LoadOptions::default());
+    let e = load_err(&GgufPaths::new(good.mmproj.clone().unwrap(), None), &LoadOptions::default());
     assert!(e.contains("mmproj-tiny-qwen2-vl-f32.gguf") && e.contains("not a text model"), "{e}");
 
     // In-situ quantization of a file already quantized; of an F32 file it is allowed.
@@ -337,7 +337,7 @@ fn moe_gguf_matches_transformers() {
     let t = &g["transformers"];
     let prompt: Vec<u32> = t["prompt"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
     let want = rows(&t["logits_last"]);
-    let paths = GgufPaths { text: base.join("moe-f32.gguf"), mmproj: Some(base.join("mmproj-moe-f32.gguf")) };
+    let paths = GgufPaths::new(base.join("moe-f32.gguf"), Some(base.join("mmproj-moe-f32.gguf")));
     let ck = Checkpoint::load_gguf(&paths, &Device::Cpu, &LoadOptions::default()).unwrap();
     let inputs = prepare(&*ck.model, &prompt, &Default::default()).unwrap();
     let got = forward_logits(&*ck.model, &inputs, &mut DenseCache::new(), want.len()).unwrap().to_vec2::<f32>().unwrap();
@@ -421,7 +421,7 @@ fn logits_agree_with_llama_cpp() {
         let l = &g["llama_cpp"];
         let prompt: Vec<u32> = l["prompt"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         let want = rows(&l["logits_last"]);
-        let paths = GgufPaths { text: base.join(format!("{name}.gguf")), mmproj: Some(base.join("mmproj-wide-f32.gguf")) };
+        let paths = GgufPaths::new(base.join(format!("{name}.gguf")), Some(base.join("mmproj-wide-f32.gguf")));
         let ck = Checkpoint::load_gguf(&paths, &Device::Cpu, &LoadOptions::default()).unwrap();
         let inputs = prepare(&*ck.model, &prompt, &Default::default()).unwrap();
         let got = forward_logits(&*ck.model, &inputs, &mut DenseCache::new(), want.len()).unwrap().to_vec2::<f32>().unwrap();
@@ -527,13 +527,13 @@ fn bf16_gguf_runs_in_bf16() {
     common::bf16_gguf(&base.join("wide-f32.gguf"), &text);
     let mmproj = tmp.path().join("mmproj-wide-f32.gguf");
     std::fs::copy(base.join("mmproj-wide-f32.gguf"), &mmproj).unwrap();
-    let paths = GgufPaths { text: text.clone(), mmproj: Some(mmproj) };
+    let paths = GgufPaths::new(text.clone(), Some(mmproj));
     let ck = Checkpoint::load_gguf(&paths, &Device::Cpu, &LoadOptions::default()).unwrap();
     assert_eq!(ck.model.dtype(), DType::BF16);
     let asked = Checkpoint::load_gguf(&paths, &Device::Cpu, &LoadOptions { dtype: Some(DType::F32), ..Default::default() }).unwrap();
     assert_eq!(asked.model.dtype(), DType::F32);
     // The bf16 model computes what the F32 file does, within bf16's rounding.
-    let f32_ck = Checkpoint::load_gguf(&GgufPaths { text: base.join("wide-f32.gguf"), mmproj: paths.mmproj.clone() }, &Device::Cpu, &LoadOptions::default()).unwrap();
+    let f32_ck = Checkpoint::load_gguf(&GgufPaths::new(base.join("wide-f32.gguf"), paths.mmproj.clone()), &Device::Cpu, &LoadOptions::default()).unwrap();
     let prompt: Vec<u32> = (0..12).map(|i| 1 + (i * 37) % 400).collect();
     let logits = |c: &Checkpoint| {
         let inputs = prepare(&*c.model, &prompt, &Default::default()).unwrap();

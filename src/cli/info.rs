@@ -33,14 +33,14 @@ pub fn billions(n: u64) -> String {
 
 pub fn cmd_info(a: InfoArgs) -> Result<()> {
     let quant = a.model.quant()?;
-    let (config_path, files, config, format) = match (&a.config, a.model.model.is_some()) {
-        (Some(c), _) => (c.clone(), None, registry::read_config(c)?, None),
+    let (config_path, files, config, format, ollama) = match (&a.config, a.model.model.is_some()) {
+        (Some(c), _) => (c.clone(), None, registry::read_config(c)?, None, None),
         (None, true) => match a.model.locate()? {
             Located::Gguf(g) => {
                 let opened = a.model.open_gguf(&g, quant)?;
-                (g.text.clone(), None, opened.config, Some(opened.format))
+                (g.text.clone(), None, opened.config, Some(opened.format), g.ollama)
             }
-            Located::Files(f) => (f.config.clone(), Some(f.clone()), registry::read_config(&f.config)?, None),
+            Located::Files(f) => (f.config.clone(), Some(f.clone()), registry::read_config(&f.config)?, None, None),
         },
         (None, false) => anyhow::bail!("give --model or --config"),
     };
@@ -57,8 +57,8 @@ pub fn cmd_info(a: InfoArgs) -> Result<()> {
     if let Some(f) = &format {
         println!("format:    {} (llama.cpp file type {})", f.name, f.file_type.as_deref().unwrap_or("unknown"));
     }
-    if let Some(r) = a.model.model.as_deref().and_then(|m| m.strip_prefix(merg::gguf::ollama::PREFIX)) {
-        ollama_layers(&merg::gguf::ollama::open(r, &merg::gguf::ollama::store_dir())?);
+    if let Some(o) = &ollama {
+        ollama_layers(o);
     }
     if let Some(q) = quant {
         let tower = if a.model.quant_vision { " and vision tower" } else { "" };

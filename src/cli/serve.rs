@@ -75,23 +75,19 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     };
     let pipeline = a.pipeline.config()?;
     let (prompts, memory) = (a.pipeline.prompts()?, a.pipeline.memory()?);
-    let ollama = match a.model.name()?.strip_prefix(merg::gguf::ollama::PREFIX) {
-        Some(r) => Some(merg::gguf::ollama::open(r, &merg::gguf::ollama::store_dir())?),
-        None => None,
-    };
     let ckpt = a.model.load()?;
-    let mut info = model_info(&ckpt);
-    info.digest = ollama.as_ref().map(|o| o.digest.clone());
+    let info = model_info(&ckpt);
+    // Default served name: Ollama's own listing name for a model from its store (`qwen3.5:27b`).
+    let ollama_name = ckpt.gguf.as_ref().and_then(|g| g.ollama.as_ref()).map(|o| o.name.clone());
     let engine = merg::engine::Engine::new(ckpt, EngineConfig { max_context: a.max_context, ..a.engine.config()? })?;
     eprintln!("{}", engine.kv_summary());
     if let Some(line) = engine.state_summary() {
         eprintln!("{line}");
     }
     let thread = EngineThread::spawn(engine);
-    // Default: Ollama's own listing name for a model from its store (`qwen3.5:27b`).
-    let model_name = match (&a.served_model_name, &ollama) {
+    let model_name = match (&a.served_model_name, ollama_name) {
         (Some(n), _) => n.clone(),
-        (None, Some(o)) => o.name.clone(),
+        (None, Some(o)) => o,
         (None, None) => default_name(a.model.name()?),
     };
     let cfg = ServeConfig {
@@ -140,7 +136,7 @@ fn model_info(ckpt: &merg::Checkpoint) -> ModelInfo {
         dtype: format!("{:?}", ckpt.model.dtype()).to_lowercase(),
         weight_bytes,
         chat_template: ckpt.tokenizer().chat_template().map(|t| t.source().to_string()).unwrap_or_default(),
-        digest: None,
+        digest: ckpt.gguf.as_ref().and_then(|g| g.ollama.as_ref()).map(|o| o.digest.clone()),
     }
 }
 

@@ -64,7 +64,7 @@ pub fn resolve(model: &str, revision: Option<&str>, mmproj: Option<&Path>, opts:
     #[cfg(feature = "hub")]
     if !opts.offline {
         let (text, mm) = download(repo, quant, revision, named_mmproj.as_deref(), opts)?;
-        return Ok(Some(GgufPaths { text, mmproj: local_mmproj.or(mm) }));
+        return Ok(Some(GgufPaths::new(text, local_mmproj.or(mm))));
     }
     let snapshot = crate::hub::snapshot_dir(&cache_folder(&opts.cache_dir, repo), revision).with_context(|| {
         let why = if opts.offline { "offline (HF_HUB_OFFLINE) and " } else { "" };
@@ -81,7 +81,7 @@ pub fn resolve(model: &str, revision: Option<&str>, mmproj: Option<&Path>, opts:
     let files = list_dir(&snapshot);
     let text = pick_text(repo, &files, quant).map_err(note)?;
     let mm = pick_mmproj(repo, &files, named_mmproj.as_deref()).map_err(note)?;
-    Ok(Some(GgufPaths { text: snapshot.join(text), mmproj: local_mmproj.or(mm.map(|m| snapshot.join(m))) }))
+    Ok(Some(GgufPaths::new(snapshot.join(text), local_mmproj.or(mm.map(|m| snapshot.join(m))))))
 }
 
 /// Online: the repo's file list from the hub, then the chosen files (from the cache when there).

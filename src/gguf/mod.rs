@@ -27,6 +27,16 @@ pub use source::GgufWeights;
 pub struct GgufPaths {
     pub text: PathBuf,
     pub mmproj: Option<PathBuf>,
+    /// The model in Ollama's store these files are the blobs of (`ollama:NAME`): its name,
+    /// digest and other layers, read once with the files.
+    pub ollama: Option<Box<ollama::OllamaModel>>,
+}
+
+impl GgufPaths {
+    /// Files named directly (not through Ollama's store).
+    pub fn new(text: PathBuf, mmproj: Option<PathBuf>) -> Self {
+        GgufPaths { text, mmproj, ollama: None }
+    }
 }
 
 fn is_gguf(p: &Path) -> bool {
@@ -46,7 +56,7 @@ fn names(v: &[PathBuf]) -> String {
 /// and its files; `mmproj` overrides the projector found beside it.
 pub fn resolve(model: &str, revision: Option<&str>, mmproj: Option<&Path>) -> Result<Option<GgufPaths>> {
     if let Some(reference) = model.strip_prefix(ollama::PREFIX) {
-        return resolve_ollama(&ollama::open(reference, &ollama::store_dir())?, mmproj).map(Some);
+        return resolve_ollama(ollama::open(reference, &ollama::store_dir())?, mmproj).map(Some);
     }
     if let Some(p) = resolve_local(model, mmproj)? {
         return Ok(Some(p));
@@ -57,7 +67,7 @@ pub fn resolve(model: &str, revision: Option<&str>, mmproj: Option<&Path>) -> Re
 /// An Ollama model's blobs as a GGUF pair; `mmproj` overrides its projector layer. A model
 /// without a projector layer whose text blob holds vision tensors (Ollama's own layout for
 /// its newer vision models) is refused by name: merg reads llama.cpp's layout.
-pub fn resolve_ollama(m: &ollama::OllamaModel, mmproj: Option<&Path>) -> Result<GgufPaths> {
+pub fn resolve_ollama(m: ollama::OllamaModel, mmproj: Option<&Path>) -> Result<GgufPaths> {
     if let Some(p) = mmproj {
         crate::input::regular_file(p, &crate::input::WEIGHTS)?;
     }
@@ -75,7 +85,7 @@ pub fn resolve_ollama(m: &ollama::OllamaModel, mmproj: Option<&Path>) -> Result<
         }
         bail!("{}{}: its manifest has no projector layer, so it is a text-only model; merg needs a vision projector (mmproj) for it: name one", ollama::PREFIX, m.name);
     }
-    Ok(GgufPaths { text: m.text.clone(), mmproj: projector })
+    Ok(GgufPaths { text: m.text.clone(), mmproj: projector, ollama: Some(Box::new(m)) })
 }
 
 /// The directory a file's path names: `.` for a bare file name (whose `parent()` is empty,
@@ -126,7 +136,7 @@ pub fn resolve_local(model: &str, mmproj: Option<&Path>) -> Result<Option<GgufPa
             }
         }
     };
-    Ok(Some(GgufPaths { text, mmproj }))
+    Ok(Some(GgufPaths::new(text, mmproj)))
 }
 
 /// A text model's directory holds more than one `mmproj-*.gguf` and none was named.
