@@ -7,10 +7,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::gguf_file::{self, Value};
-use candle_core::Device;
+use candle_core::quantized::gguf_file::Value;
 use common::cli::run;
-use common::fixtures;
+use common::{fixtures, rewritten_gguf};
 
 const COMMANDS: [&str; 8] = ["generate", "respond", "eval", "serve", "bench", "bench-agents", "info", "plan"];
 
@@ -72,25 +71,6 @@ fn every_command_runs_a_gguf_model() {
     }
 }
 
-/// `src` with its architecture renamed (a GGUF of a family merg does not run).
-fn renamed_architecture(src: &Path, arch: &str, out: &Path) {
-    let mut f = std::fs::File::open(src).unwrap();
-    let content = gguf_file::Content::read(&mut f).unwrap();
-    let mut meta: Vec<(String, Value)> = content.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    for (k, v) in meta.iter_mut() {
-        if k == "general.architecture" {
-            *v = Value::String(arch.into());
-        }
-    }
-    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
-    names.sort();
-    let tensors: Vec<(String, _)> = names.iter().map(|n| ((*n).clone(), content.tensor(&mut f, n, &Device::Cpu).unwrap())).collect();
-    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let tensor_refs: Vec<(&str, &_)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
-    let mut w = std::io::BufWriter::new(std::fs::File::create(out).unwrap());
-    gguf_file::write(&mut w, &meta_refs, &tensor_refs).unwrap();
-}
-
 /// The `error: …` line a failed command printed.
 fn error_line(stderr: &str) -> String {
     stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("no error line in:\n{stderr}")).to_string()
@@ -101,7 +81,17 @@ fn bad_model_input_fails_alike_on_every_command() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("gemma");
     std::fs::create_dir(&dir).unwrap();
-    renamed_architecture(&gguf("qwen2_5-vl/tiny-qwen2_5-vl-q8_0.gguf"), "gemma3", &dir.join("model.gguf"));
+    // A family merg does not run: the fixture with its architecture renamed.
+    let renamed = rewritten_gguf(
+        &gguf("qwen2_5-vl/tiny-qwen2_5-vl-q8_0.gguf"),
+        |k, v| {
+            if k == "general.architecture" {
+                *v = Value::String("gemma3".into());
+            }
+        },
+        vec![],
+    );
+    std::fs::write(dir.join("model.gguf"), renamed).unwrap();
     std::fs::copy(gguf("qwen2_5-vl/mmproj-tiny-qwen2_5-vl-f32.gguf"), dir.join("mmproj-model.gguf")).unwrap();
     let cases: [(&str, Vec<String>, &[&str]); 3] = [
         ("an architecture with no family", vec!["--model".into(), s(&dir.join("model.gguf"))], &["model.gguf", "\"gemma3\"", "is not one merg runs"]),

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::cli::{run_with, Run};
-use common::fixtures;
+use common::{fixtures, rewritten_gguf};
 use sha2::{Digest, Sha256};
 
 fn hex(b: &[u8]) -> String {
@@ -137,18 +137,7 @@ fn bad_stores_are_clear_errors() {
 
 /// `src` with one more tensor named as Ollama names vision tensors (`v.blk.0…`).
 fn with_vision_tensor(src: &Path) -> Vec<u8> {
-    use candle_core::quantized::gguf_file;
-    let mut f = std::fs::File::open(src).unwrap();
-    let content = gguf_file::Content::read(&mut f).unwrap();
-    let meta: Vec<(&str, &gguf_file::Value)> = content.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
-    names.sort();
-    let mut tensors: Vec<(String, candle_core::quantized::QTensor)> = names.iter().map(|n| ((*n).clone(), content.tensor(&mut f, n, &candle_core::Device::Cpu).unwrap())).collect();
+    use candle_core::quantized::{GgmlDType, QTensor};
     let v = candle_core::Tensor::zeros((4, 4), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
-    tensors.push(("v.blk.0.attn_q.weight".into(), candle_core::quantized::QTensor::quantize(&v, candle_core::quantized::GgmlDType::F32).unwrap()));
-    let refs: Vec<(&str, &candle_core::quantized::QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
-    let mut out = std::io::Cursor::new(Vec::new());
-    gguf_file::write(&mut out, &meta, &refs).unwrap();
-    out.into_inner()
+    rewritten_gguf(src, |_, _| {}, vec![("v.blk.0.attn_q.weight".into(), QTensor::quantize(&v, GgmlDType::F32).unwrap())])
 }
-

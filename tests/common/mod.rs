@@ -98,3 +98,29 @@ pub fn bf16_gguf(src: &Path, dst: &Path) {
     let mut out = std::fs::File::create(dst).unwrap();
     gguf_file::write(&mut out, &meta_refs, &tensor_refs).unwrap();
 }
+
+/// The GGUF file `src` rewritten in memory: its metadata passed through `edit`, its tensors
+/// (in name order) followed by `extra`. For tests that need a file llama.cpp's converter
+/// would not write (another architecture, stray tensors).
+pub fn rewritten_gguf(
+    src: &Path,
+    edit: impl Fn(&str, &mut candle_core::quantized::gguf_file::Value),
+    extra: Vec<(String, candle_core::quantized::QTensor)>,
+) -> Vec<u8> {
+    use candle_core::quantized::gguf_file;
+    let mut f = std::fs::File::open(src).unwrap();
+    let content = gguf_file::Content::read(&mut f).unwrap();
+    let mut meta: Vec<(String, gguf_file::Value)> = content.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    for (k, v) in meta.iter_mut() {
+        edit(k, v);
+    }
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort();
+    let mut tensors: Vec<(String, candle_core::quantized::QTensor)> = names.iter().map(|n| ((*n).clone(), content.tensor(&mut f, n, &Device::Cpu).unwrap())).collect();
+    tensors.extend(extra);
+    let meta_refs: Vec<(&str, &gguf_file::Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &candle_core::quantized::QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    let mut out = std::io::Cursor::new(Vec::new());
+    gguf_file::write(&mut out, &meta_refs, &tensor_refs).unwrap();
+    out.into_inner()
+}
