@@ -62,10 +62,11 @@ pub fn available_memory(device: &candle_core::Device) -> anyhow::Result<u64> {
 }
 
 /// On a GPU, keeps the memory tensors free in the device's allocation pool (called when a
-/// device is opened; nothing on the CPU). candle allocates from CUDA's stream-ordered pool, which by default hands freed memory back
-/// to the driver at every synchronisation (release threshold 0): each decode step, which reads
-/// its sampled token back, then maps its buffers anew. merg keeps it pooled, as PyTorch's
-/// caching allocator does, and counts the pooled slack as free (`available_memory`).
+/// device is opened; nothing on the CPU). candle allocates from CUDA's stream-ordered pool,
+/// which by default hands freed memory back to the driver at every synchronisation (release
+/// threshold 0): each decode step, which reads its sampled token back, then maps its buffers
+/// anew. merg keeps it pooled, as PyTorch's caching allocator does, and counts the pooled
+/// slack as free (`available_memory`).
 pub fn keep_freed_memory(device: &candle_core::Device) {
     #[cfg(feature = "cuda")]
     gpu_pool::keep_freed(device);

@@ -103,7 +103,7 @@ impl ModelArgs {
 }
 
 /// A `--model` resolution error in the flags' words (several projectors: `--mmproj` picks).
-pub fn model_error(e: anyhow::Error) -> anyhow::Error {
+fn model_error(e: anyhow::Error) -> anyhow::Error {
     match e.downcast_ref::<SeveralProjectors>() {
         Some(p) => anyhow!("--model: {p}; give it with --mmproj FILE"),
         None => anyhow!("--model: {e:#}"),

@@ -48,7 +48,6 @@ impl std::fmt::Debug for ConstraintFactory {
     }
 }
 
-
 pub use crate::tokenizer::TokenizerJson;
 
 impl ConstraintFactory {

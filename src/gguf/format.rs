@@ -43,7 +43,6 @@ pub fn file_type_label(id: u32) -> Option<String> {
     Some(if id == 0 { "ALL_F32".into() } else { format!("MOSTLY_{}", name.to_ascii_uppercase()) })
 }
 
-
 /// Each type with how many of `matrices` are stored in it, most first (ties: ggml order).
 fn tally(matrices: &[GgmlDType]) -> Vec<(GgmlDType, usize)> {
     let mut counts: Vec<(GgmlDType, usize)> = vec![];

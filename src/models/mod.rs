@@ -2,7 +2,8 @@
 //! `Model` and its `ModelSpec`; every family is one `vlm::VisionLanguageModel` (the shared
 //! decoder, the family's vision tower and position conventions). Each family lives in its own
 //! folder (`qwen2_vl/` serves Qwen2-VL and Qwen2.5-VL) with its config parsing, and is found
-//! by `registry::load` from the checkpoint's `model_type`. Shared blocks are in `crate::layers`, weight sources in `crate::weights`.
+//! by `registry::load` from the checkpoint's `model_type`. Shared blocks are in
+//! `crate::layers`, weight sources in `crate::weights`.
 // No tensor is read back to the host here except through `engine::sampling::read_back` or
 // where a site says why its tensor is on the host (.clippy.toml; tests may read freely).
 #![cfg_attr(not(test), warn(clippy::disallowed_methods))]
