@@ -117,25 +117,19 @@ pub fn run_pairs(n: usize, m: usize, out: &mut [f32], kernel: impl Fn(usize, usi
         let count = chunk.len() / stride;
         let mut i = 0;
         while i < count {
-            let first = c * per_task + i;
-            match (&pair, i + 1 < count) {
-                (Some(pair), true) => {
-                    let (a, b) = chunk[i * stride..(i + 2) * stride].split_at_mut(stride);
-                    for g in (0..m).step_by(PASS_ROWS) {
-                        let mg = (m - g).min(PASS_ROWS);
-                        pair(first, g, mg, &mut a[g * PANEL..(g + mg) * PANEL], &mut b[g * PANEL..(g + mg) * PANEL]);
-                    }
-                    i += 2;
-                }
-                _ => {
-                    let res = &mut chunk[i * stride..(i + 1) * stride];
-                    for g in (0..m).step_by(PASS_ROWS) {
-                        let mg = (m - g).min(PASS_ROWS);
-                        kernel(first, g, mg, &mut res[g * PANEL..(g + mg) * PANEL]);
-                    }
-                    i += 1;
+            // Two panels where a pair kernel is given and the task holds the next one too.
+            let pair = pair.as_ref().filter(|_| i + 1 < count);
+            let width = if pair.is_some() { 2 } else { 1 };
+            let (a, b) = chunk[i * stride..(i + width) * stride].split_at_mut(stride);
+            for g in (0..m).step_by(PASS_ROWS) {
+                let mg = (m - g).min(PASS_ROWS);
+                let r = g * PANEL..(g + mg) * PANEL;
+                match pair {
+                    Some(pair) => pair(c * per_task + i, g, mg, &mut a[r.clone()], &mut b[r]),
+                    None => kernel(c * per_task + i, g, mg, &mut a[r]),
                 }
             }
+            i += width;
         }
     });
     for p in 0..panels {
