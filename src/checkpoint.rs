@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use candle_core::{DType, Device};
 
 use crate::tokenizer::TokenizerJson;
@@ -33,14 +33,15 @@ pub fn parse_device(name: &str) -> Result<Device> {
     match name {
         "cpu" => Ok(Device::Cpu),
         s if s == "cuda" || s.starts_with("cuda:") => {
-            let ord = s.strip_prefix("cuda:").map(str::parse::<usize>).transpose().with_context(|| format!("device {s:?}: bad CUDA ordinal"))?;
+            let bad = || crate::setting::InvalidSetting::new("device", s, "cpu, cuda or cuda:N (N a GPU number)");
+            let ord = s.strip_prefix("cuda:").map(str::parse::<usize>).transpose().map_err(|_| bad())?;
             let device = Device::new_cuda(ord.unwrap_or(0)).with_context(|| {
                 format!("device {s}: CUDA is not available (merg must be built with the `cuda` feature, and a driver must be present)")
             })?;
             crate::memory::keep_freed_memory(&device);
             Ok(device)
         }
-        other => bail!("device {other:?}: use cpu, cuda or cuda:N"),
+        _ => Err(crate::setting::InvalidSetting::new("device", name, "cpu, cuda or cuda:N").into()),
     }
 }
 

@@ -34,17 +34,12 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
-    pub fn validate(&self) -> Result<()> {
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            bail!("temperature must be ≥ 0, got {}", self.temperature);
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            bail!("top_p must be in (0, 1], got {}", self.top_p);
-        }
-        if self.max_new_tokens == 0 {
-            bail!("max_new_tokens must be at least 1");
-        }
-        Ok(())
+    /// Each value against its rule; the error names the field.
+    pub fn validate(&self) -> Result<(), crate::setting::InvalidSetting> {
+        use crate::setting::{at_least_one, check};
+        check(self.temperature >= 0.0 && self.temperature.is_finite(), "temperature", self.temperature, "a number ≥ 0 (0 = greedy)")?;
+        check(self.top_p > 0.0 && self.top_p <= 1.0, "top_p", self.top_p, "in (0, 1]")?;
+        at_least_one("max_new_tokens", self.max_new_tokens)
     }
 }
 

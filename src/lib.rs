@@ -66,6 +66,7 @@ pub mod report;
 /// The HTTP server behind `merg serve` (the `serve` feature, on by default).
 #[cfg(feature = "serve")]
 pub mod serve;
+pub mod setting;
 /// Seeded random tensors for tests (unit and integration); not part of the API.
 #[doc(hidden)]
 pub mod testing;
@@ -80,4 +81,5 @@ pub use engine::{
 };
 pub use generate::{FinishReason, SamplingParams};
 pub use models::{Model, ModelSpec};
+pub use setting::InvalidSetting;
 pub use vision::Media;

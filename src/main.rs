@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod cli;
 
@@ -40,7 +40,12 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Negative numbers reach the value's own rule ("--top-p -1: must be in (0, 1]") instead
+    // of being taken for an unknown flag.
+    let mut cmd = Cli::command().mut_subcommands(|s| s.allow_negative_numbers(true));
+    let matches = cmd.clone().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd).exit());
+    cli::words::remember(cmd, matches);
     // A server logs one line per request by default; other commands only what RUST_LOG asks.
     #[cfg(feature = "serve")]
     let default = if matches!(cli.cmd, Cmd::Serve(_)) { "merg=info" } else { "error" };
@@ -71,7 +76,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {:#}", cli::words::in_user_words(e));
             ExitCode::FAILURE
         }
     }

@@ -217,7 +217,7 @@ fn bad_eval_input_is_a_clear_error() {
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--shard", "3/2"], "--shard"),
         (vec!["--t-max", "9"], "--t-max"),
-        (vec!["--labels", "joy"], "label set"),
+        (vec!["--labels", "joy"], "--labels joy: must be"),
     ];
     for (extra, msg) in cases {
         let o = eval_cmd(&tmp.path().join("x"), &extra).output().unwrap();

@@ -96,6 +96,7 @@ pub struct BenchAgentsArgs {
 }
 
 pub fn cmd_bench(a: BenchArgs) -> Result<()> {
+    merg::setting::at_least_one("prompt_tokens", a.prompt_tokens)?;
     let formats = match a.model.quant.is_empty() {
         true => vec![(None, None)],
         false => a.model.quant.iter().map(|f| format_of(f)).collect::<Result<Vec<_>>>().context("--quant")?,
@@ -192,7 +193,10 @@ fn format_of(f: &str) -> Result<(Option<candle_core::DType>, Option<Quant>)> {
     }
     match merg::weights::parse_dtype(f) {
         Ok(d) => Ok((Some(d), None)),
-        Err(_) => Ok((None, Some(Quant::parse(f)?))),
+        Err(_) => match Quant::parse(f) {
+            Ok(q) => Ok((None, Some(q))),
+            Err(_) => Err(merg::InvalidSetting::new("quant", f, "none, f32, f16, bf16, q8_0, q6k, q5k or q4k").into()),
+        },
     }
 }
 
@@ -307,8 +311,9 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     let load_s = t_load.elapsed().as_secs_f64();
     let (after_load, peak_load) = (merg::memory::resident(), memory.peak());
     let spec = model.spec().clone();
-    if a.prompt_tokens == 0 || a.prompt_tokens + a.decode_tokens >= spec.max_context {
-        anyhow::bail!("--prompt-tokens must be ≥ 1 and prompt + decode must fit the context ({})", spec.max_context);
+    if a.prompt_tokens + a.decode_tokens >= spec.max_context {
+        let n = a.prompt_tokens + a.decode_tokens;
+        anyhow::bail!("--prompt-tokens plus --decode-tokens is {n} tokens, more than the model's context window of {} holds", spec.max_context);
     }
     // Ordinary token ids below the vision specials (content does not matter for speed, but a
     // placeholder id would demand image features).
@@ -434,6 +439,9 @@ fn default_tokenizer() -> Option<PathBuf> {
 }
 
 pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
+    for (name, n) in [("dialogues", a.dialogues), ("new_tokens", a.new_tokens), ("keyframe_size", a.keyframe_size as usize), ("slots", a.slots)] {
+        merg::setting::at_least_one(name, n)?;
+    }
     let (device, dtype) = a.model.device_and_dtype()?;
     let cfg = a.engine.config()?;
     let frames: Vec<image::RgbImage> = (0..a.keyframes)

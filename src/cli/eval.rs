@@ -44,9 +44,10 @@ impl DataArgs {
         match self.dataset {
             DatasetArg::Meld => meld::load(&self.data_dir, self.split.parse()?, self.video_root.as_deref()),
             DatasetArg::Iemocap => {
-                let s: u32 = self.split.trim().trim_start_matches("Session").parse().with_context(|| {
-                    format!("--split {:?}: IEMOCAP splits are session numbers 1..5", self.split)
-                })?;
+                let s: u32 = match self.split.trim().trim_start_matches("Session").parse() {
+                    Ok(s) if (1..=5).contains(&s) => s,
+                    _ => return Err(merg::InvalidSetting::new("split", &self.split, "a session number 1 to 5 (IEMOCAP's sessions)").into()),
+                };
                 iemocap::load(&self.data_dir, s, self.video_root.is_some())
             }
         }
@@ -120,6 +121,15 @@ pub struct EvalArgs {
     pub quiet: bool,
 }
 
+/// The counts that must be at least one when given.
+fn check_counts(a: &EvalArgs) -> Result<()> {
+    use merg::setting::at_least_one;
+    at_least_one("concurrency", a.concurrency)?;
+    a.limit.map(|n| at_least_one("limit", n)).transpose()?;
+    a.distinct_chunk.map(|n| at_least_one("distinct_chunk", n)).transpose()?;
+    Ok(())
+}
+
 pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     if !a.merge.is_empty() {
         let s = eval::merge(&a.merge, &a.out)?;
@@ -137,14 +147,16 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     let data = &data;
     a.model.name().map_err(|_| need("--model"))?;
     let model = &a.model;
-    let (items, report) = data.load()?;
-    eprintln!("[{}]", report.summary());
+    // Every setting is checked before the data and the model are read.
+    let shard = a.shard.as_deref().map(eval::parse_shard).transpose()?;
+    check_counts(&a)?;
     let mut pipeline = a.pipeline.clone();
     if pipeline.labels.is_none() {
         pipeline.labels = Some(data.name().to_string());
     }
     let cfg = pipeline.config()?;
-    let shard = a.shard.as_deref().map(eval::parse_shard).transpose().context("--shard")?;
+    let (items, report) = data.load()?;
+    eprintln!("[{}]", report.summary());
     let total_items = a.limit.unwrap_or(items.len()).min(items.len());
     let selected = eval::select(items, a.limit, shard);
     if selected.is_empty() {
@@ -177,7 +189,8 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     };
     let scorers = load_scorers(&spec, &model.device)?;
     let prompts = pipeline.prompts()?;
-    let engine = Engine::new(model.load()?, a.engine.config()?)?;
+    let cfg = a.engine.config()?;
+    let engine = Engine::new(model.load()?, cfg)?;
     eprintln!("{}", engine.kv_summary());
     if let Some(line) = engine.state_summary() {
         eprintln!("{line}");

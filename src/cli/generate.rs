@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Args;
 
 use merg::chat::{ContentPart, Message};
-use merg::engine::{ChatRequest, Engine, EngineConfig};
+use merg::engine::{ChatRequest, Engine};
 use merg::vision::{load_media, Media};
 
 use super::{with_hint, EngineArgs, ModelArgs, SamplingArgs};
@@ -35,9 +35,6 @@ pub struct GenerateArgs {
     fps: f64,
     #[arg(long, default_value_t = 32)]
     max_frames: usize,
-    /// Context window (default: the model's max_position_embeddings).
-    #[arg(long)]
-    max_context: Option<usize>,
     /// Print a JSON record (text, token ids, log-probs, finish reason) instead of the text.
     #[arg(long)]
     json: bool,
@@ -56,7 +53,8 @@ fn name_media(e: anyhow::Error, sources: &[String]) -> anyhow::Error {
 
 pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let params = a.sampling.params();
-    params.validate().map_err(|e| anyhow::anyhow!("sampling flags: {e:#}"))?;
+    params.validate()?;
+    let cfg = a.engine.config()?;
     let media = load_media(&a.images, a.video.as_ref(), a.fps, a.max_frames)?;
     let ckpt = a.model.load()?;
     let mut content: Vec<ContentPart> = media
@@ -72,7 +70,6 @@ pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
         messages.push(Message::text("system", s.clone()));
     }
     messages.push(Message::new("user", content));
-    let cfg = EngineConfig { max_context: a.max_context, ..a.engine.config()? };
     let mut engine = Engine::new(ckpt, cfg)?;
     let sources: Vec<String> = a.images.iter().chain(a.video.iter()).map(|p| p.display().to_string()).collect();
     let reply = engine

@@ -12,6 +12,7 @@ pub mod report;
 pub mod respond;
 #[cfg(feature = "serve")]
 pub mod serve;
+pub mod words;
 
 use anyhow::Result;
 use clap::Args;
@@ -41,26 +42,30 @@ pub struct EngineArgs {
     /// as much again for prefix-cache snapshots), e.g. 2GiB. Default: a quarter of the KV pool.
     #[arg(long)]
     state_memory: Option<String>,
+    /// Context window in tokens (default: the model's own, max_position_embeddings).
+    #[arg(long)]
+    max_context: Option<usize>,
 }
 
 impl EngineArgs {
+    /// The engine's settings, checked before any model is loaded.
     pub fn config(&self) -> Result<merg::engine::EngineConfig> {
-        if self.block_size == 0 {
-            anyhow::bail!("--block-size must be at least 1");
-        }
-        Ok(merg::engine::EngineConfig {
+        let cfg = merg::engine::EngineConfig {
             block_size: self.block_size,
-            kv_memory: self.kv_memory.parse().map_err(|e: anyhow::Error| anyhow::anyhow!("--kv-memory: {e:#}"))?,
+            kv_memory: self.kv_memory.parse()?,
             scheduler: merg::engine::scheduler::SchedulerConfig {
-                max_num_seqs: self.max_num_seqs.max(1),
-                max_step_tokens: self.max_step_tokens.max(1),
+                max_num_seqs: self.max_num_seqs,
+                max_step_tokens: self.max_step_tokens,
             },
             state_memory: match &self.state_memory {
                 Some(m) => Some(merg::engine::parse_bytes(m).map_err(|e| anyhow::anyhow!("--state-memory: {e:#}"))?),
                 None => None,
             },
+            max_context: self.max_context,
             ..Default::default()
-        })
+        };
+        cfg.validate(None)?;
+        Ok(cfg)
     }
 }
 
@@ -94,8 +99,8 @@ impl SamplingArgs {
 
 /// `--device` and `--dtype` (None: the device's default), each error naming its flag.
 pub fn device_and_dtype(device: &str, dtype: Option<&str>) -> Result<(candle_core::Device, Option<candle_core::DType>)> {
-    let device = parse_device(device).map_err(|e| anyhow::anyhow!("--device: {e:#}"))?;
-    let dtype = dtype.map(parse_dtype).transpose().map_err(|e| anyhow::anyhow!("--dtype: {e:#}"))?;
+    let device = parse_device(device)?;
+    let dtype = dtype.map(parse_dtype).transpose()?;
     Ok((device, dtype))
 }
 

@@ -62,7 +62,7 @@ impl ModelArgs {
     pub fn quant(&self) -> Result<Option<Quant>> {
         match self.quant.as_slice() {
             [] => Ok(None),
-            [q] => Quant::parse(q).map(Some).map_err(|e| anyhow!("--quant: {e:#}")),
+            [q] => Quant::parse(q).map(Some),
             many => bail!("--quant {}: one format here (`merg bench` alone compares several in one run)", many.join(",")),
         }
     }

@@ -40,10 +40,12 @@ pub struct PlanArgs {
 }
 
 pub fn cmd_plan(a: PlanArgs) -> Result<()> {
+    merg::setting::check(a.dialogues >= 1, "dialogues", a.dialogues, "at least 1")?;
+    merg::setting::at_least_one("context", a.context)?;
     let dense_bytes = match a.model.dtype.as_deref().unwrap_or("bf16") {
         "bf16" | "f16" => 2.0,
         "f32" => 4.0,
-        other => anyhow::bail!("--dtype {other:?}: use bf16, f16 or f32"),
+        other => return Err(merg::InvalidSetting::new("dtype", other, "bf16, f16 or f32").into()),
     };
     let quant = a.model.quant()?;
     // A GGUF model: the config from its metadata, the weights as its files store them.

@@ -117,7 +117,7 @@ impl PipelineArgs {
             },
             max_field_chars: self.max_field_chars,
         };
-        cfg.validate().context("pipeline flags (--t-max and --top-k 0..=5, --max-field-chars ≥ 1, sampling)")?;
+        cfg.validate()?;
         Ok(cfg)
     }
 
@@ -176,7 +176,8 @@ pub fn cmd_respond(a: RespondArgs) -> Result<()> {
         let stem = a.dialogue.file_stem().and_then(|s| s.to_str()).unwrap_or("dialogue");
         PathBuf::from(format!("{stem}.trace.json"))
     });
-    let engine = Engine::new(a.model.load()?, a.engine.config()?)?;
+    let engine_cfg = a.engine.config()?;
+    let engine = Engine::new(a.model.load()?, engine_cfg)?;
     eprintln!("{}", engine.kv_summary());
     if let Some(line) = engine.state_summary() {
         eprintln!("{line}");

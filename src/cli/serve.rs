@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use merg::engine::{EngineConfig, EngineThread};
+use merg::engine::EngineThread;
 use merg::serve::{self, AppState, Limits, ModelInfo, ServeConfig};
 
 use super::respond::PipelineArgs;
@@ -49,9 +49,6 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may run after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30.0)]
     shutdown_grace: f64,
-    /// Context window (default: the model's max_position_embeddings).
-    #[arg(long)]
-    max_context: Option<usize>,
     /// Defaults of /v1/merg/respond (requests override them per call).
     #[command(flatten)]
     pipeline: PipelineArgs,
@@ -75,11 +72,12 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     };
     let pipeline = a.pipeline.config()?;
     let (prompts, memory) = (a.pipeline.prompts()?, a.pipeline.memory()?);
+    let engine_cfg = a.engine.config()?;
     let ckpt = a.model.load()?;
     let info = model_info(&ckpt);
     // Default served name: Ollama's own listing name for a model from its store (`qwen3.5:27b`).
     let ollama_name = ckpt.gguf.as_ref().and_then(|g| g.ollama.as_ref()).map(|o| o.name.clone());
-    let engine = merg::engine::Engine::new(ckpt, EngineConfig { max_context: a.max_context, ..a.engine.config()? })?;
+    let engine = merg::engine::Engine::new(ckpt, engine_cfg)?;
     eprintln!("{}", engine.kv_summary());
     if let Some(line) = engine.state_summary() {
         eprintln!("{line}");

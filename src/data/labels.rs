@@ -2,7 +2,9 @@
 //! score against. Built-in sets know a few common synonyms ("happy" for MELD's "joy") so a model's
 //! free-text label still maps onto the set; custom sets match exactly (case-insensitively).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+
+use crate::setting::InvalidSetting;
 use serde::Serialize;
 
 /// MELD's seven classes, in the order the MELD paper lists them.
@@ -66,20 +68,21 @@ impl LabelSet {
     }
 
     /// A user-given set, e.g. `"happy, sad,neutral"`: trimmed, lowercased, no duplicates.
-    pub fn custom(labels: &[&str]) -> Result<Self> {
+    pub fn custom(labels: &[&str]) -> Result<Self, InvalidSetting> {
+        let bad = |rule: String| InvalidSetting::new("labels", labels.join(","), rule);
         let mut out: Vec<String> = Vec::new();
         for l in labels {
             let l = l.trim().to_lowercase();
             if l.is_empty() {
-                bail!("label set: empty label in {labels:?}");
+                return Err(bad("a list of non-empty labels (one is empty)".into()));
             }
             if out.contains(&l) {
-                bail!("label set: label {l:?} given twice");
+                return Err(bad(format!("a list of distinct labels ('{l}' is given twice)")));
             }
             out.push(l);
         }
         if out.len() < 2 {
-            bail!("label set: at least two labels are needed, got {out:?}");
+            return Err(bad("a list of at least two labels".into()));
         }
         Ok(LabelSet { name: "custom".into(), labels: out, aliases: vec![] })
     }
@@ -89,8 +92,8 @@ impl LabelSet {
         match spec.trim().to_lowercase().as_str() {
             "meld" => Ok(Self::meld()),
             "iemocap" => Ok(Self::iemocap()),
-            s if s.contains(',') => Self::custom(&spec.split(',').collect::<Vec<_>>()),
-            _ => bail!("label set {spec:?}: expected \"meld\", \"iemocap\" or a comma-separated list of labels"),
+            s if s.contains(',') => Ok(Self::custom(&spec.split(',').collect::<Vec<_>>())?),
+            _ => Err(InvalidSetting::new("labels", spec, "meld, iemocap or a comma-separated list of labels").into()),
         }
     }
 

@@ -50,7 +50,7 @@ impl FromStr for Split {
             "train" => Ok(Split::Train),
             "dev" | "val" | "valid" | "validation" => Ok(Split::Dev),
             "test" => Ok(Split::Test),
-            _ => bail!("MELD split {s:?}: expected train, dev or test"),
+            _ => Err(crate::setting::InvalidSetting::new("split", s, "train, dev or test (MELD's splits)").into()),
         }
     }
 }

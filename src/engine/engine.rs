@@ -51,6 +51,23 @@ impl Default for EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// Each count against its rule, and the context window the engine will hold requests to
+    /// (`model_context`, the model's own, when none is set and the model is known): a window
+    /// of 0 is named as such, not found later as a KV pool with no room.
+    pub fn validate(&self, model_context: Option<usize>) -> Result<(), crate::setting::InvalidSetting> {
+        use crate::setting::{at_least_one, InvalidSetting};
+        at_least_one("block_size", self.block_size)?;
+        at_least_one("max_num_seqs", self.scheduler.max_num_seqs)?;
+        at_least_one("max_step_tokens", self.scheduler.max_step_tokens)?;
+        match self.max_context {
+            Some(n) => at_least_one("max_context", n),
+            None if model_context == Some(0) => Err(InvalidSetting::new("max_context", 0, "at least 1").from_origin("the model's own context length")),
+            None => Ok(()),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Completion {
     pub text: String,
@@ -136,6 +153,7 @@ impl Engine {
         let model = ckpt.model.clone();
         let origin = ckpt.origin();
         let spec = model.spec();
+        cfg.validate(Some(spec.max_context))?;
         let max_tokens = (cfg.scheduler.max_num_seqs as u64).saturating_mul(cfg.max_context.unwrap_or(spec.max_context) as u64);
         let n = num_blocks_for(&cfg.kv_memory, spec, cfg.block_size, model.dtype(), model.device(), max_tokens)?;
         let pool = KvPool::new(spec, n, cfg.block_size, model.dtype(), model.device()).context("allocating the KV pool")?;
@@ -288,7 +306,7 @@ impl Engine {
         sampling: SamplingParams,
         constraint: Option<Box<dyn TokenConstraint>>,
     ) -> EngineResult<SeqId> {
-        sampling.validate().map_err(EngineError::bad_request)?;
+        sampling.validate().map_err(EngineError::bad)?;
         check_prompt_len(ids.len(), self.max_context())?;
         let needed = self.bm.blocks_needed(0, ids.len() + 1);
         if needed > self.pool.num_blocks {

@@ -44,32 +44,45 @@ fn with_unit(t: &str) -> Option<Result<u64>> {
 pub fn parse_bytes(s: &str) -> Result<u64> {
     let t = s.trim();
     match with_unit(t) {
-        Some(b) => b.with_context(|| format!("{s:?} is not a size like 2GiB")),
-        None => t.parse::<u64>().with_context(|| format!("{s:?} is not a size like 2GiB")),
+        Some(b) => b.with_context(|| format!("'{s}' is not a size like 2GiB")),
+        None => t.parse::<u64>().with_context(|| format!("'{s}' is not a size like 2GiB")),
     }
 }
 
+/// What `KvMemory` accepts, as the rule of an invalid `kv_memory` setting.
+const KV_FORMS: &str = "auto, a fraction of free memory like 0.5, bytes like 4GiB, or blocks:N";
+
 impl std::str::FromStr for KvMemory {
-    type Err = anyhow::Error;
+    type Err = crate::setting::InvalidSetting;
     /// "0.5" (fraction), "4GiB", "512MiB", "1000000" (bytes), "blocks:64".
-    fn from_str(s: &str) -> Result<Self> {
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        let bad = || crate::setting::InvalidSetting::new("kv_memory", s, KV_FORMS);
         let t = s.trim();
         if t.eq_ignore_ascii_case("auto") {
             return Ok(KvMemory::Auto);
         }
         if let Some(n) = t.strip_prefix("blocks:") {
-            return Ok(KvMemory::Blocks(n.parse().with_context(|| format!("KV memory {s:?}: bad block count"))?));
+            return n.trim().parse().map(KvMemory::Blocks).map_err(|_| bad());
         }
         if let Some(b) = with_unit(t) {
-            return Ok(KvMemory::Bytes(b.with_context(|| format!("KV memory {s:?}: bad number"))?));
+            return b.map(KvMemory::Bytes).map_err(|_| bad());
         }
-        let v: f64 = t.parse().with_context(|| format!("KV memory {s:?}: use auto, a fraction like 0.5, bytes like 4GiB, or blocks:N"))?;
-        if v > 0.0 && v <= 1.0 {
-            Ok(KvMemory::Fraction(v))
-        } else if v > 1.0 {
-            Ok(KvMemory::Bytes(v as u64))
-        } else {
-            bail!("KV memory {s:?} must be positive")
+        match t.parse::<f64>() {
+            Ok(v) if v > 0.0 && v <= 1.0 => Ok(KvMemory::Fraction(v)),
+            Ok(v) if v > 1.0 && v.is_finite() => Ok(KvMemory::Bytes(v as u64)),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// The form `from_str` reads back (`blocks:64`, `0.5`, `4294967296B`).
+impl std::fmt::Display for KvMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvMemory::Auto => write!(f, "auto"),
+            KvMemory::Bytes(b) => write!(f, "{b}B"),
+            KvMemory::Fraction(x) => write!(f, "{x}"),
+            KvMemory::Blocks(n) => write!(f, "blocks:{n}"),
         }
     }
 }
@@ -104,7 +117,8 @@ pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype
         KvMemory::Fraction(f) => ((crate::memory::available_memory(device)? as f64 * f) as u64 / per) as usize,
     };
     if n == 0 {
-        bail!("KV memory {mem:?} holds no block of {block_size} tokens ({per} bytes each)");
+        let rule = format!("enough for one block of {block_size} tokens ({per} bytes)");
+        return Err(crate::setting::InvalidSetting::new("kv_memory", mem, rule).into());
     }
     // Checked before allocating: a failed allocation aborts the process instead of erroring.
     let want = (n as u64).saturating_mul(per);
@@ -198,6 +212,10 @@ mod tests {
         assert_eq!("blocks:12".parse::<KvMemory>().unwrap(), KvMemory::Blocks(12));
         assert!("-1".parse::<KvMemory>().is_err());
         assert!("lots".parse::<KvMemory>().is_err());
+        for m in [KvMemory::Auto, KvMemory::Blocks(12), KvMemory::Fraction(0.5), KvMemory::Bytes(3 << 30)] {
+            assert_eq!(m.to_string().parse::<KvMemory>().unwrap(), m, "{m} reads back");
+        }
+        assert_eq!("lots".parse::<KvMemory>().unwrap_err().name, "kv_memory");
     }
 
     /// A hybrid model's pool holds K/V for its attention layers only, and is sized by them.

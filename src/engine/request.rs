@@ -104,7 +104,7 @@ impl RequestPreparer {
     /// Tokenizes, preprocesses media the vision cache lacks, compiles the schema. Fails for
     /// this request only.
     pub fn prepare(&self, mut req: ChatRequest) -> EngineResult<PreparedRequest> {
-        req.sampling.validate().map_err(EngineError::bad_request)?;
+        req.sampling.validate().map_err(EngineError::bad)?;
         if let Some(schema) = req.schema.take() {
             if req.constraint.is_some() {
                 return Err(EngineError::bad("a request takes a JSON schema or a constraint, not both"));

@@ -69,11 +69,12 @@ pub struct Scorers {
 }
 
 /// "K/N" with 1 ≤ K ≤ N.
-pub fn parse_shard(s: &str) -> Result<(usize, usize)> {
-    let (k, n) = s.split_once('/').with_context(|| format!("shard {s:?}: expected K/N, e.g. 2/8"))?;
-    let (k, n): (usize, usize) = (k.trim().parse().context("shard K")?, n.trim().parse().context("shard N")?);
+pub fn parse_shard(s: &str) -> Result<(usize, usize), crate::setting::InvalidSetting> {
+    let bad = || crate::setting::InvalidSetting::new("shard", s, "K/N with 1 ≤ K ≤ N, e.g. 2/8");
+    let (k, n) = s.split_once('/').ok_or_else(bad)?;
+    let (k, n): (usize, usize) = (k.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
     if n == 0 || k == 0 || k > n {
-        bail!("shard {s}: need 1 ≤ K ≤ N");
+        return Err(bad());
     }
     Ok((k, n))
 }

@@ -127,19 +127,13 @@ impl PipelineConfig {
         self.selection && self.use_gra && self.baseline.is_none()
     }
 
-    pub fn validate(&self) -> anyhow::Result<()> {
-        if self.t_max > 5 {
-            anyhow::bail!("t_max (refinement rounds) must be 0..=5, got {}", self.t_max);
-        }
-        if self.top_k > 5 {
-            anyhow::bail!("top_k (exemplars) must be 0..=5, got {}", self.top_k);
-        }
-        if self.labels.len() < 2 {
-            anyhow::bail!("the emotion label set needs at least two labels, got {:?}", self.labels);
-        }
-        if self.max_field_chars == 0 {
-            anyhow::bail!("max_field_chars must be at least 1");
-        }
+    /// Each value against its rule; the error names the field (`top_k` is the exemplar count).
+    pub fn validate(&self) -> Result<(), crate::setting::InvalidSetting> {
+        use crate::setting::{at_least_one, at_most, check};
+        at_most("t_max", self.t_max, 5)?;
+        at_most("top_k", self.top_k, 5)?;
+        check(self.labels.len() >= 2, "labels", self.labels.join(","), "at least two labels")?;
+        at_least_one("max_field_chars", self.max_field_chars)?;
         self.sampling.validate()
     }
 }

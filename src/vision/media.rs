@@ -102,17 +102,18 @@ pub fn sample_indices(
     max_frames: usize,
 ) -> Result<Vec<usize>> {
     ensure!(frame_factor > 0, "frame_factor must be > 0");
-    ensure!(fps > 0.0 && fps.is_finite(), "sampling fps must be positive, got {fps}");
+    crate::setting::check(fps > 0.0 && fps.is_finite(), "fps", fps, "a positive number of frames per second")?;
     ensure!(source_fps > 0.0 && source_fps.is_finite(), "video frame rate is unknown ({source_fps})");
     ensure!(
         total >= frame_factor,
         "video has {total} frames, fewer than the {frame_factor} needed for one temporal patch"
     );
     let cap = (max_frames.min(total) / frame_factor) * frame_factor;
-    ensure!(
-        cap >= frame_factor,
-        "max_frames={max_frames} leaves fewer than {frame_factor} frames to sample"
-    );
+    // total ≥ frame_factor here, so only a small max_frames leaves less than one patch.
+    if max_frames < frame_factor {
+        let rule = format!("at least {frame_factor}, the frames of one temporal patch");
+        return Err(crate::setting::InvalidSetting::new("max_frames", max_frames, rule).into());
+    }
     let wanted = total as f64 / source_fps * fps;
     let n = wanted.max(frame_factor as f64).min(cap as f64);
     let n = ((n / frame_factor as f64).floor() as usize) * frame_factor;

@@ -16,7 +16,7 @@ pub mod safetensors;
 
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
@@ -208,7 +208,7 @@ pub fn parse_dtype(name: &str) -> Result<DType> {
         "f32" | "float32" => DType::F32,
         "f16" | "float16" | "half" => DType::F16,
         "bf16" | "bfloat16" => DType::BF16,
-        other => bail!("unknown dtype {other:?}: use f32, f16 or bf16"),
+        _ => return Err(crate::setting::InvalidSetting::new("dtype", name, "f32, f16 or bf16").into()),
     })
 }
 

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
@@ -31,7 +31,7 @@ impl Quant {
             "q6k" => Quant::Q6K,
             "q5k" => Quant::Q5K,
             "q4k" => Quant::Q4K,
-            _ => bail!("unknown quantization {s:?}: use q8_0, q6k, q5k or q4k"),
+            _ => return Err(crate::setting::InvalidSetting::new("quant", s, "q8_0, q6k, q5k or q4k").into()),
         })
     }
 

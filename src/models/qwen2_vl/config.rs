@@ -230,6 +230,7 @@ impl Config {
             ("num_hidden_layers", t.num_hidden_layers),
             ("num_attention_heads", t.num_attention_heads),
             ("vocab_size", t.vocab_size),
+            ("max_position_embeddings", t.max_position_embeddings),
             ("vision_config.depth", self.vision.depth),
             ("vision_config width", self.vision.width),
             ("vision_config.patch_size", self.vision.patch_size),

@@ -198,6 +198,7 @@ impl Config {
             ("text_config.num_attention_heads", t.num_attention_heads),
             ("text_config.num_key_value_heads", t.num_key_value_heads),
             ("text_config.vocab_size", t.vocab_size),
+            ("text_config.max_position_embeddings", t.max_position_embeddings),
             ("vision_config.depth", v.depth),
             ("vision_config.hidden_size", v.hidden_size),
             ("vision_config.num_heads", v.num_heads),
