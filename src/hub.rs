@@ -307,7 +307,8 @@ pub(crate) fn snapshot_dir(repo_dir: &Path, revision: &str) -> Option<PathBuf> {
 pub(crate) fn api(opts: &HubOptions) -> Result<hf_hub::api::sync::Api> {
     let mut builder = hf_hub::api::sync::ApiBuilder::from_env()
         .with_cache_dir(opts.cache_dir.clone())
-        .with_progress(false);
+        // hf-hub draws its own download bars (indicatif) when a front end shows progress.
+        .with_progress(crate::progress::reporting());
     if let Some(tok) = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()) {
         builder = builder.with_token(Some(tok));
     }

@@ -62,6 +62,7 @@ pub mod models;
 pub mod pipeline;
 pub mod plan;
 pub mod processor;
+pub mod progress;
 pub mod report;
 /// The HTTP server behind `merg serve` (the `serve` feature, on by default).
 #[cfg(feature = "serve")]

@@ -45,6 +45,9 @@ fn main() -> ExitCode {
     let mut cmd = Cli::command().mut_subcommands(|s| s.allow_negative_numbers(true));
     let matches = cmd.clone().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd).exit());
+    // `--quiet` belongs to the model group every model-loading command flattens.
+    let quiet = matches.subcommand().and_then(|(_, m)| m.try_get_one::<bool>("quiet").ok().flatten().copied()).unwrap_or(false);
+    cli::progress::install(quiet);
     cli::words::remember(cmd, matches);
     // A server logs one line per request by default; other commands only what RUST_LOG asks.
     #[cfg(feature = "serve")]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// Bottom first. A module may import those before it, never those after.
 const ORDER: &[&str] = &[
-    "setting", "input", "memory", "cpu", // plumbing and kernels
+    "setting", "progress", "input", "memory", "cpu", // plumbing and kernels
     "chat", "dialogue", "hub", "tokenizer", "vision", "weights", // formats and sources
     "layers",    // shared blocks
     "models",    // families behind `Model`

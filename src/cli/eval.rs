@@ -116,9 +116,6 @@ pub struct EvalArgs {
     /// Distinct-n over chunks of N replies (default: corpus-level over all replies).
     #[arg(long)]
     pub distinct_chunk: Option<usize>,
-    /// No progress bar.
-    #[arg(long)]
-    pub quiet: bool,
 }
 
 /// The counts that must be at least one when given.
@@ -198,7 +195,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
     let thread = EngineThread::spawn(engine);
     let agent_model = EngineModel::new(thread.handle.clone())?;
     let ev = Evaluator { spec: &spec, model: &agent_model, prompts: &prompts, memory: memory.as_ref(), scorers: &scorers };
-    let s = ev.run(&selected, &a.out, a.concurrency, !a.quiet)?;
+    let s = ev.run(&selected, &a.out, a.concurrency)?;
     println!("{}", std::fs::read_to_string(a.out.join("summary.md"))?);
     if s.failed > 0 {
         eprintln!("[{} of {} items failed; see `error` in {}; re-run the same command to retry them]", s.failed, s.items, a.out.join("results.jsonl").display());

@@ -8,6 +8,7 @@ pub mod generate;
 pub mod info;
 pub mod model;
 pub mod plan;
+pub mod progress;
 pub mod report;
 pub mod respond;
 #[cfg(feature = "serve")]

@@ -44,6 +44,10 @@ pub struct ModelArgs {
     /// With --quant, quantize the vision tower's linear weights too.
     #[arg(long, requires = "quant")]
     pub quant_vision: bool,
+    /// No progress bars (loading, quantizing, downloading, evaluating); they show only on a
+    /// terminal anyway.
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 /// Where `--model` points.

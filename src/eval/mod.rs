@@ -147,12 +147,13 @@ pub struct Evaluator<'a> {
 
 impl Evaluator<'_> {
     /// Runs every item not yet done in `out`, appending records; returns the summary of all.
-    pub fn run(&self, items: &[(usize, Item)], out: &Path, concurrency: usize, progress: bool) -> Result<Summary> {
+    /// Progress goes to the installed `progress` reporter, failed items as notes beside it.
+    pub fn run(&self, items: &[(usize, Item)], out: &Path, concurrency: usize) -> Result<Summary> {
         prepare_out(out, self.spec)?;
         let path = out.join("results.jsonl");
         let done: HashSet<String> = read_records(&path)?.into_iter().filter(|r| r.error.is_none()).map(|r| r.key).collect();
         let todo: Vec<&(usize, Item)> = items.iter().filter(|(_, it)| !done.contains(&it.key)).collect();
-        let bar = progress_bar(items.len() as u64, (items.len() - todo.len()) as u64, progress);
+        let bar = crate::progress::resumed("evaluating", Some(items.len() as u64), "items", (items.len() - todo.len()) as u64);
         let file = Mutex::new(OpenOptions::new().append(true).create(true).open(&path).with_context(|| format!("opening {}", path.display()))?);
         let next = AtomicUsize::new(0);
         let fatal: Mutex<Option<anyhow::Error>> = Mutex::new(None);
@@ -183,14 +184,14 @@ impl Evaluator<'_> {
                         *fatal.lock().expect("lock") = Some(e.context(format!("appending to {}", path.display())));
                         return;
                     }
-                    bar.inc(1);
+                    bar.advance(1);
                     if let Some(e) = &rec.error {
-                        bar.println(format!("{}: failed: {e}", rec.key));
+                        bar.note(&format!("{}: failed: {e}", rec.key));
                     }
                 });
             }
         });
-        bar.finish_and_clear();
+        drop(bar);
         if let Some(e) = fatal.into_inner().expect("lock") {
             return Err(e);
         }
@@ -254,20 +255,6 @@ impl Evaluator<'_> {
         }
         Ok(())
     }
-}
-
-fn progress_bar(total: u64, done: u64, show: bool) -> indicatif::ProgressBar {
-    if !show {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} items  {elapsed} elapsed, ETA {eta}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar.set_position(done);
-    bar.reset_eta();
-    bar
 }
 
 /// Creates `out` with config.json, or checks that an existing one describes the same run.

@@ -175,6 +175,9 @@ fn verified_dir() -> PathBuf {
 
 fn sha256_file(path: &Path) -> Result<String> {
     let mut f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    // A 17 GB blob hashes for a minute or more, once: worth a bar.
+    let size = f.metadata().map(|m| m.len()).ok();
+    let task = crate::progress::task(&format!("checking {} against its sha256 (once)", path.display()), size, "bytes");
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -183,6 +186,7 @@ fn sha256_file(path: &Path) -> Result<String> {
             break;
         }
         h.update(&buf[..n]);
+        task.advance(n as u64);
     }
     Ok(hex(&h.finalize()))
 }

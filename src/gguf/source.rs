@@ -132,6 +132,10 @@ impl WeightSource for GgufWeights {
         self.find(name).is_some()
     }
 
+    fn tensor_count(&self) -> Option<usize> {
+        Some(self.text.header.tensors.len() + self.vision.as_ref().map_or(0, |v| v.header.tensors.len()))
+    }
+
     fn stored_name(&self, name: &str) -> Option<String> {
         self.find(name).map(|(_, parts)| parts.join(" + "))
     }

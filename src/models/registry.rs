@@ -46,7 +46,10 @@ pub fn model_type(config: &Value) -> Result<&str> {
 pub fn load(config: &Value, weights: Weights) -> Result<Arc<dyn Model>> {
     // Freed load-time copies go back to the system (see `memory::Loading`).
     let _loading = crate::memory::Loading::begin();
-    Ok(Arc::new(family(config)?.build(weights)?))
+    let family = family(config)?;
+    // Quantizing while loading is most of a large model's load time: the task says so.
+    let task = crate::progress::task(&format!("loading {}", weights.describe()), weights.tensor_count().map(|n| n as u64), "tensors");
+    Ok(Arc::new(family.build(weights.tracked(task))?))
 }
 
 /// What the engine would see of the model, from its config alone.

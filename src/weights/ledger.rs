@@ -235,6 +235,10 @@ impl WeightSource for LedgerSource {
         self.inner.contains(name)
     }
 
+    fn tensor_count(&self) -> Option<usize> {
+        self.inner.tensor_count()
+    }
+
     fn stored_name(&self, name: &str) -> Option<String> {
         self.inner.stored_name(name)
     }

@@ -39,6 +39,11 @@ pub trait WeightSource: Send + Sync {
     /// Names the source in errors ("a.safetensors, b.safetensors", "dummy weights").
     fn describe(&self) -> String;
     fn contains(&self, name: &str) -> bool;
+    /// Tensors the source holds, when it knows (a file's tensor table): the total a
+    /// loading progress counts against.
+    fn tensor_count(&self) -> Option<usize> {
+        None
+    }
     /// Where the source keeps tensor `name`, when it names it otherwise (a GGUF file's
     /// `blk.0.attn_q.weight`), for reports.
     fn stored_name(&self, _name: &str) -> Option<String> {
@@ -71,10 +76,11 @@ pub trait WeightSource: Send + Sync {
 }
 
 /// A source as a candle backend, so `candle_nn` builders (norms, embeddings) load through it.
-struct Backend(Arc<dyn WeightSource>);
+struct Backend(Arc<dyn WeightSource>, Option<Arc<Taking>>);
 
 impl SimpleBackend for Backend {
     fn get(&self, s: Shape, name: &str, init: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        taken(&self.1, &*self.0, name);
         let t = self.0.tensor(name, Some(Expect { shape: &s, init }), dtype, dev)?;
         if t.shape() != &s {
             candle_core::bail!("shape mismatch for {name}, expected {s:?}, got {:?} in {}", t.shape(), self.0.describe());
@@ -83,11 +89,28 @@ impl SimpleBackend for Backend {
     }
 
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        taken(&self.1, &*self.0, name);
         self.0.tensor(name, None, dtype, dev)
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
         self.0.contains(name)
+    }
+}
+
+/// Loading progress: each distinct tensor the model takes advances the task by one (a tied
+/// head asks for the embedding again; it is not loaded twice).
+struct Taking {
+    task: Arc<crate::progress::Task>,
+    names: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+/// Counts `name` once, if the source holds it (a probe for an optional tensor is no progress).
+fn taken(taking: &Option<Arc<Taking>>, source: &dyn WeightSource, name: &str) {
+    if let Some(t) = taking.as_ref().filter(|_| source.contains(name)) {
+        if t.names.lock().map(|mut n| n.insert(name.to_string())).unwrap_or(false) {
+            t.task.advance(1);
+        }
     }
 }
 
@@ -97,12 +120,29 @@ impl SimpleBackend for Backend {
 pub struct Weights {
     vb: VarBuilder<'static>,
     source: Arc<dyn WeightSource>,
+    taking: Option<Arc<Taking>>,
 }
 
 impl Weights {
     pub fn new(source: Arc<dyn WeightSource>, dtype: DType, device: &Device) -> Self {
-        let vb = VarBuilder::from_backend(Box::new(Backend(source.clone())), dtype, device.clone());
-        Weights { vb, source }
+        Self::build(source, dtype, device, None)
+    }
+
+    fn build(source: Arc<dyn WeightSource>, dtype: DType, device: &Device, taking: Option<Arc<Taking>>) -> Self {
+        let vb = VarBuilder::from_backend(Box::new(Backend(source.clone(), taking.clone())), dtype, device.clone());
+        Weights { vb, source, taking }
+    }
+
+    /// The same weights, counting each tensor the model takes as progress of `task` (whose
+    /// total is `tensor_count`).
+    pub fn tracked(self, task: Arc<crate::progress::Task>) -> Self {
+        let taking = Arc::new(Taking { task, names: Default::default() });
+        Self::build(self.source.clone(), self.dtype(), self.device(), Some(taking))
+    }
+
+    /// Tensors the source holds, when it knows.
+    pub fn tensor_count(&self) -> Option<usize> {
+        self.source.tensor_count()
     }
 
     /// Memory-mapped safetensors shards, validated first (see `SafetensorsWeights::open`).
@@ -116,7 +156,7 @@ impl Weights {
     }
 
     pub fn pp(&self, s: impl ToString) -> Self {
-        Weights { vb: self.vb.pp(s), source: self.source.clone() }
+        Weights { vb: self.vb.pp(s), source: self.source.clone(), taking: self.taking.clone() }
     }
 
     /// The same position as a candle `VarBuilder` (for candle_nn's builders).
@@ -137,16 +177,20 @@ impl Weights {
     /// holds or makes it so.
     pub fn quantized(&self, name: &str, shape: &Shape) -> Option<candle_core::Result<Arc<QTensor>>> {
         let expect = Expect { shape, init: candle_nn::init::DEFAULT_KAIMING_NORMAL };
-        self.source.quantized(&self.full(name), Some(expect), self.vb.device())
+        let full = self.full(name);
+        taken(&self.taking, &*self.source, &full);
+        self.source.quantized(&full, Some(expect), self.vb.device())
     }
 
     /// Linear weight `name` (relative) as stored in a mapped file, checked to be `shape`.
     pub fn mapped(&self, name: &str, shape: &Shape) -> candle_core::Result<Option<Mapped>> {
+        taken(&self.taking, &*self.source, &self.full(name));
         self.checked(self.source.mapped(&self.full(name)), name, shape)
     }
 
     /// Embedding table `name` (relative) as stored in a mapped file, checked to be `shape`.
     pub fn rows(&self, name: &str, shape: &Shape) -> candle_core::Result<Option<Mapped>> {
+        taken(&self.taking, &*self.source, &self.full(name));
         self.checked(self.source.rows(&self.full(name)), name, shape)
     }
 
@@ -178,7 +222,7 @@ impl Weights {
     pub fn quantize(self, quant: Quant, vision: bool) -> (Self, Arc<QuantStats>) {
         let src = QuantizingSource::new(self.source.clone(), quant, vision);
         let stats = src.stats.clone();
-        (Self::new(Arc::new(src), self.dtype(), self.device()), stats)
+        (Self::build(Arc::new(src), self.dtype(), self.device(), self.taking.clone()), stats)
     }
 
     /// The same weights, writing what the model takes into the returned `Ledger` (install it
@@ -186,7 +230,7 @@ impl Weights {
     pub fn recorded(self) -> (Self, Arc<Ledger>) {
         let src = LedgerSource::new(self.source.clone());
         let ledger = src.ledger.clone();
-        (Self::new(Arc::new(src), self.dtype(), self.device()), ledger)
+        (Self::build(Arc::new(src), self.dtype(), self.device(), self.taking.clone()), ledger)
     }
 
     pub fn describe(&self) -> String {

@@ -107,6 +107,10 @@ impl WeightSource for QuantizingSource {
         self.inner.contains(name)
     }
 
+    fn tensor_count(&self) -> Option<usize> {
+        self.inner.tensor_count()
+    }
+
     fn stored_name(&self, name: &str) -> Option<String> {
         self.inner.stored_name(name)
     }

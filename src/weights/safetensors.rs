@@ -54,6 +54,8 @@ pub struct SafetensorsWeights {
     names: String,
     /// Every f32/f16/bf16 tensor where it lies in its shard's mapping.
     views: HashMap<String, Mapped>,
+    /// Tensors across the shards, of any dtype.
+    count: usize,
 }
 
 impl SafetensorsWeights {
@@ -62,13 +64,15 @@ impl SafetensorsWeights {
         index_shards(files)?;
         // SAFETY: as above, the files are mapped read-only and not modified while mapped.
         let mmaped = unsafe { MmapedSafetensors::multi(files) }.context("mapping safetensors shards")?;
-        let mut views = HashMap::new();
+        let (mut views, mut count) = (HashMap::new(), 0);
         for f in files {
             let file = std::fs::File::open(f).with_context(|| format!("cannot open weights {}", f.display()))?;
             // SAFETY: as above.
             let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", f.display()))?);
             let st = SafeTensors::deserialize(&map).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
-            for (name, view) in st.tensors() {
+            let tensors = st.tensors();
+            count += tensors.len();
+            for (name, view) in tensors {
                 let dtype = match view.dtype() {
                     StDtype::F32 => GgmlDType::F32,
                     StDtype::F16 => GgmlDType::F16,
@@ -79,7 +83,7 @@ impl SafetensorsWeights {
                 views.insert(name, Mapped::new(map.clone(), start, view.data().len(), dtype, view.shape().to_vec()));
             }
         }
-        Ok(SafetensorsWeights { mmaped, names: super::file_names(files), views })
+        Ok(SafetensorsWeights { mmaped, names: super::file_names(files), views, count })
     }
 }
 
@@ -90,6 +94,10 @@ impl WeightSource for SafetensorsWeights {
 
     fn contains(&self, name: &str) -> bool {
         self.mmaped.get(name).is_ok()
+    }
+
+    fn tensor_count(&self) -> Option<usize> {
+        Some(self.count)
     }
 
     fn mapped(&self, name: &str) -> Option<Mapped> {
