@@ -165,7 +165,7 @@ fn status_and_message(s: &TestServer, path: &str, body: Vec<u8>) -> (u16, String
 
 #[test]
 fn bad_requests_get_clear_4xx_and_the_engine_keeps_serving() {
-    let limits = Limits { max_body_bytes: 200_000, max_images: 2, max_image_pixels: 100 * 100, max_tokens: 64, max_queue: 8 };
+    let limits = Limits { max_body_bytes: 200_000, max_images: 2, max_image_pixels: 100 * 100, max_tokens: 64, max_queue: 8, ..Limits::default() };
     let s = TestServer::start(limits, None);
     let img = |b64: String| json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}});
     let oa = |content: Value| serde_json::to_vec(&chat_body(content, 4)).unwrap();
