@@ -134,7 +134,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
 
 /// A positive, finite number of seconds as a duration.
 fn seconds(flag: &str, secs: f64) -> Result<Duration> {
-    if !(secs > 0.0) {
+    if secs.is_nan() || secs <= 0.0 {
         anyhow::bail!("{flag} must be a positive number of seconds, got {secs}");
     }
     Duration::try_from_secs_f64(secs).with_context(|| format!("{flag} {secs}"))
