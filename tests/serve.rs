@@ -165,7 +165,7 @@ fn status_and_message(s: &TestServer, path: &str, body: Vec<u8>) -> (u16, String
 
 #[test]
 fn bad_requests_get_clear_4xx_and_the_engine_keeps_serving() {
-    let limits = Limits { max_body_bytes: 200_000, max_images: 2, max_image_pixels: 100 * 100, max_tokens: 64, max_queue: 8 };
+    let limits = Limits { max_body_bytes: 200_000, max_images: 2, max_image_pixels: 100 * 100, max_tokens: 64, max_queue: 8, ..Limits::default() };
     let s = TestServer::start(limits, None);
     let img = |b64: String| json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}});
     let oa = |content: Value| serde_json::to_vec(&chat_body(content, 4)).unwrap();
@@ -315,4 +315,30 @@ fn non_loopback_needs_a_key() {
     assert!(merg::serve::check_bind(&"127.0.0.1:1".parse().unwrap(), false).is_ok());
     assert!(merg::serve::check_bind(&"[::1]:1".parse().unwrap(), false).is_ok());
     let _ = tiny_dir("qwen2_5_vl");
+}
+
+/// The fuzz target's seeds (tests/fuzz/corpus/serve_request) are valid requests of their API,
+/// through the same parse functions the handlers use: they keep the fuzzer starting from
+/// accepted requests, and a seed that stops parsing fails here, on stable.
+#[test]
+fn the_fuzz_seeds_parse_as_requests_of_their_api() {
+    use merg::pipeline::{frames::FrameOptions, PipelineConfig};
+    use merg::serve::{ollama, openai, respond};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz/corpus/serve_request");
+    let l = Limits::default();
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    for name in ["openai_text.json", "openai_image_stream.json"] {
+        let c = openai::parse_request(&read(name), &l).unwrap_or_else(|e| panic!("{name}: {}", e.message));
+        assert!(!c.chat.messages.is_empty());
+    }
+    let c = openai::parse_request(&read("openai_image_stream.json"), &l).unwrap();
+    assert!(c.stream && c.include_usage && c.chat.media.len() == 1 && c.chat.schema.is_some());
+    let chat = ollama::parse_chat(&read("ollama_chat.json"), &l).unwrap().expect("messages");
+    assert_eq!((chat.chat.media.len(), chat.chat.sampling.max_new_tokens, chat.stream), (1, 8, false));
+    let gen = ollama::parse_generate(&read("ollama_generate.json"), &l).unwrap().expect("a prompt");
+    assert_eq!((gen.chat.messages.len(), gen.chat.sampling.max_new_tokens), (2, l.max_tokens));
+    let r = respond::parse_request(&read("respond.json"), &PipelineConfig::default(), &FrameOptions::default(), &l).unwrap_or_else(|e| panic!("{}", e.message));
+    assert_eq!((r.dialogue.turns.len(), r.keyframes.len(), r.cfg.t_max), (2, 2, 0));
+    let e = openai::parse_request(b"{\"model\": 1}", &l).err().unwrap();
+    assert_eq!(e.status, 400);
 }

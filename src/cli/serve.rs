@@ -46,6 +46,19 @@ pub struct ServeArgs {
     /// Requests in flight before new ones get 429.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
+    /// Seconds a client has to send a request's headers (and, on a kept-alive connection, to
+    /// start its next request) before the connection is closed.
+    #[arg(long, default_value_t = 10.0)]
+    header_timeout: f64,
+    /// Seconds a request's body has to arrive once its headers are in (408 after it).
+    #[arg(long, default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Largest request line and headers, KiB (431 above it).
+    #[arg(long, default_value_t = 64)]
+    max_header_kib: usize,
+    /// Open connections; beyond it new clients wait until one closes.
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
     /// Seconds in-flight requests may run after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30.0)]
     shutdown_grace: f64,
@@ -69,6 +82,10 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         max_image_pixels: a.max_image_pixels,
         max_tokens: a.max_tokens.max(1),
         max_queue: a.max_queue.max(1),
+        header_read_timeout: seconds("--header-timeout", a.header_timeout)?,
+        body_read_timeout: seconds("--body-timeout", a.body_timeout)?,
+        max_header_bytes: a.max_header_kib.max(1) << 10,
+        max_connections: a.max_connections.max(1),
     };
     let pipeline = a.pipeline.config()?;
     let (prompts, memory) = (a.pipeline.prompts()?, a.pipeline.memory()?);
@@ -105,11 +122,20 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!("merg serve: listening on http://{local} (model {model_name:?})");
-        serve::serve(listener, state, shutdown_signal()).await.context("serving")
+        serve::serve(listener, state, shutdown_signal()).await;
+        anyhow::Ok(())
     })?;
     drop(thread);
     eprintln!("merg serve: shut down");
     Ok(())
+}
+
+/// A positive, finite number of seconds as a duration.
+fn seconds(flag: &str, secs: f64) -> Result<Duration> {
+    if secs.is_nan() || secs <= 0.0 {
+        anyhow::bail!("{flag} must be a positive number of seconds, got {secs}");
+    }
+    Duration::try_from_secs_f64(secs).with_context(|| format!("{flag} {secs}"))
 }
 
 /// The key, trimmed; an empty file is an error (it would accept an empty bearer token).

@@ -2,11 +2,8 @@
 //! (also used by MERG's endpoint) or Ollama's `{"error": "..."}`, with the HTTP status that
 //! says whose fault it is. Messages name the input and the limit.
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::engine::EngineError;
@@ -73,23 +70,4 @@ impl ApiError {
     pub fn too_large(flavor: Flavor, limit: usize) -> ApiError {
         ApiError::new(flavor, 413, format!("the request body exceeds the server's limit of {} bytes ({} MiB)", limit, limit >> 20))
     }
-}
-
-/// The request body as `T`: 413 naming the limit when it is too large, 400 naming the field
-/// and the problem when it is not the JSON the endpoint takes.
-pub fn parse_body<T: DeserializeOwned>(flavor: Flavor, body: Result<Bytes, BytesRejection>, limit: usize) -> Result<T, ApiError> {
-    let bytes = body.map_err(|e| match e.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(flavor, limit),
-        s => ApiError::new(flavor, s.as_u16(), format!("could not read the request body: {}", e.body_text())),
-    })?;
-    let de = &mut serde_json::Deserializer::from_slice(&bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() || path == "." || path.is_empty() {
-            ApiError::bad(flavor, format!("request body is not valid JSON for this endpoint: {inner}"))
-        } else {
-            ApiError::bad(flavor, format!("request body, field {path}: {inner}"))
-        }
-    })
 }

@@ -7,13 +7,16 @@
 //!   five-agent pipeline;
 //! - operations (`ops`): `/health`, Prometheus `/metrics`, request logs, API-key checks.
 //!
-//! `generation` bridges the engine's blocking event stream to async responses (and aborts a
-//! request whose client went away); `text` turns tokens into text deltas and applies stop
-//! strings; `media` decodes inline images under the server's limits; `error` answers in each
-//! API's error shape.
+//! `listen` runs the connections under the per-client limits (header timeout and size, open
+//! connections) and `body` reads request bodies under theirs (size, timeout); `generation`
+//! bridges the engine's blocking event stream to async responses (and aborts a request whose
+//! client went away); `text` turns tokens into text deltas and applies stop strings; `media`
+//! decodes inline images under the server's limits; `error` answers in each API's error shape.
 
+pub mod body;
 pub mod error;
 pub mod generation;
+mod listen;
 pub mod media;
 pub mod ollama;
 pub mod openai;
@@ -29,7 +32,6 @@ use std::time::{Duration, SystemTime};
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::Router;
 use serde_json::{json, Value};
 
@@ -41,7 +43,8 @@ use crate::pipeline::PipelineConfig;
 
 pub use error::{ApiError, Flavor};
 
-/// What one request may ask for. Every limit is named in the error that enforces it.
+/// What one request may ask for, and what one client may hold. Every limit is named in the
+/// error or log line that enforces it.
 #[derive(Clone, Debug)]
 pub struct Limits {
     /// Request body size (413 above it).
@@ -54,11 +57,34 @@ pub struct Limits {
     pub max_tokens: usize,
     /// Requests in flight (queued or running) before new ones get 429.
     pub max_queue: usize,
+    /// Time a connection has to deliver a request's line and headers, counted from when the
+    /// server starts waiting for them (after accepting, or after the previous response on a
+    /// kept-alive connection); the connection is closed after it. Bounds silent, half-open
+    /// and byte-a-second clients, and idle keep-alive connections.
+    pub header_read_timeout: Duration,
+    /// Time a request's whole body has to arrive once its headers are in (408 after it).
+    /// Only reading the request is timed: a long streamed response is not.
+    pub body_read_timeout: Duration,
+    /// Bytes of a request's line and headers (431 above it).
+    pub max_header_bytes: usize,
+    /// Open connections. At the cap the server stops accepting until one closes: new clients
+    /// wait in the kernel's listen backlog (see `listen`).
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_body_bytes: 32 << 20, max_images: 16, max_image_pixels: 4096 * 4096, max_tokens: 4096, max_queue: 256 }
+        Limits {
+            max_body_bytes: 32 << 20,
+            max_images: 16,
+            max_image_pixels: 4096 * 4096,
+            max_tokens: 4096,
+            max_queue: 256,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            max_header_bytes: 64 << 10,
+            max_connections: 512,
+        }
     }
 }
 
@@ -201,7 +227,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Serves until `shutdown` resolves, then stops accepting, lets in-flight requests finish for
 /// the grace period, cancels what is left, and returns once every connection has closed.
-pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>, shutdown: impl Future<Output = ()> + Send + 'static) {
     let st = state.clone();
     let signal = async move {
         shutdown.await;
@@ -214,14 +240,8 @@ pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AppState>, shut
             cancel.store(true, Ordering::SeqCst);
         });
     };
-    // Tokens go out as they are produced: without TCP_NODELAY, Nagle's algorithm holds small
-    // SSE/NDJSON writes back until the client's delayed ACK (~40 ms per request).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY not set: {e}");
-        }
-    });
-    axum::serve(listener, router(state)).with_graceful_shutdown(signal).await
+    let limits = state.cfg.limits.clone();
+    listen::run(listener, router(state), &limits, signal).await;
 }
 
 /// The generation budget a request asked for (`field`), or the server's limit when it asked

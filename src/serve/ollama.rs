@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -17,7 +16,7 @@ use futures_util::stream::{self, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::error::parse_body;
+use super::body::{parse_json, RequestBody};
 use super::generation::{self, GenEvent, OutputOptions, Summary};
 use super::{media, token_budget, ApiError, AppState, Flavor, Limits};
 use crate::chat::{ContentPart, Message};
@@ -90,30 +89,61 @@ pub struct Options {
     pub _other: Map<String, Value>,
 }
 
-pub async fn chat(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: ChatReq = parse_body(F, body, state.cfg.limits.max_body_bytes)?;
+pub async fn chat(State(state): State<Arc<AppState>>, RequestBody(body): RequestBody) -> Result<Response, ApiError> {
+    let req: ChatReq = parse_json(F, &body)?;
     state.check_model(F, &req.common.model)?;
+    let limits = state.cfg.limits.clone();
+    // Images are decoded here: off the async workers.
+    let checked = tokio::task::spawn_blocking(move || check_chat(req, &limits));
+    match checked.await.map_err(|e| ApiError::new(F, 500, e.to_string()))?? {
+        Some(c) => respond(state, c, Kind::Chat).await,
+        None => Ok(Json(loaded(&state, "message")).into_response()),
+    }
+}
+
+pub async fn generate(State(state): State<Arc<AppState>>, RequestBody(body): RequestBody) -> Result<Response, ApiError> {
+    let req: GenerateReq = parse_json(F, &body)?;
+    state.check_model(F, &req.common.model)?;
+    let limits = state.cfg.limits.clone();
+    let checked = tokio::task::spawn_blocking(move || check_generate(req, &limits));
+    match checked.await.map_err(|e| ApiError::new(F, 500, e.to_string()))?? {
+        Some(c) => respond(state, c, Kind::Generate).await,
+        None => Ok(Json(loaded(&state, "response")).into_response()),
+    }
+}
+
+/// An `/api/chat` or `/api/generate` request, checked: what the engine gets, and how to
+/// answer.
+pub struct Checked {
+    pub chat: ChatRequest,
+    pub opts: OutputOptions,
+    pub stream: bool,
+}
+
+/// `/api/chat` body bytes to the engine's request without a model or a server: everything
+/// the handler checks but the model name. `None`: no messages, which Ollama answers with "the
+/// model is loaded". Any error is a 4xx (tests/fuzz's `serve_request` holds it to that).
+pub fn parse_chat(body: &[u8], limits: &Limits) -> Result<Option<Checked>, ApiError> {
+    check_chat(parse_json(F, body)?, limits)
+}
+
+/// As `parse_chat`, for `/api/generate` (`None`: neither prompt nor images).
+pub fn parse_generate(body: &[u8], limits: &Limits) -> Result<Option<Checked>, ApiError> {
+    check_generate(parse_json(F, body)?, limits)
+}
+
+fn check_chat(req: ChatReq, limits: &Limits) -> Result<Option<Checked>, ApiError> {
     if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
         return Err(ApiError::bad(F, "tools are not supported by this server"));
     }
     if req.messages.is_empty() {
-        return Ok(Json(loaded(&state, "message")).into_response());
+        return Ok(None);
     }
-    let limits = state.cfg.limits.clone();
-    let Common { stream, format, options, .. } = req.common;
-    let (stream, options) = (stream.unwrap_or(true), options.unwrap_or_default());
-    let msgs = req.messages;
-    let built = tokio::task::spawn_blocking(move || {
-        let (messages, images) = chat_messages(msgs, &limits)?;
-        request(messages, images, format.as_ref(), &options, &limits)
-    });
-    let (chat, opts) = built.await.map_err(|e| ApiError::new(F, 500, e.to_string()))??;
-    respond(state, chat, opts, stream, Kind::Chat).await
+    let (messages, images) = chat_messages(req.messages, limits)?;
+    request(messages, images, req.common, limits).map(Some)
 }
 
-pub async fn generate(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: GenerateReq = parse_body(F, body, state.cfg.limits.max_body_bytes)?;
-    state.check_model(F, &req.common.model)?;
+fn check_generate(req: GenerateReq, limits: &Limits) -> Result<Option<Checked>, ApiError> {
     if req.raw.unwrap_or(false) || req.template.is_some() {
         return Err(ApiError::bad(F, "raw prompts and custom templates are not supported: every prompt goes through the model's chat template"));
     }
@@ -122,23 +152,15 @@ pub async fn generate(State(state): State<Arc<AppState>>, body: Result<Bytes, By
     }
     let images = req.images.unwrap_or_default();
     if req.prompt.is_empty() && images.is_empty() {
-        return Ok(Json(loaded(&state, "response")).into_response());
+        return Ok(None);
     }
-    let limits = state.cfg.limits.clone();
-    let Common { stream, format, options, .. } = req.common;
-    let (stream, options) = (stream.unwrap_or(true), options.unwrap_or_default());
-    let (system, prompt) = (req.system, req.prompt);
-    let built = tokio::task::spawn_blocking(move || {
-        let mut msgs = vec![];
-        if let Some(s) = system {
-            msgs.push(OMessage { role: "system".into(), content: s, images: None });
-        }
-        msgs.push(OMessage { role: "user".into(), content: prompt, images: Some(images) });
-        let (messages, images) = chat_messages(msgs, &limits)?;
-        request(messages, images, format.as_ref(), &options, &limits)
-    });
-    let (chat, opts) = built.await.map_err(|e| ApiError::new(F, 500, e.to_string()))??;
-    respond(state, chat, opts, stream, Kind::Generate).await
+    let mut msgs = vec![];
+    if let Some(s) = req.system {
+        msgs.push(OMessage { role: "system".into(), content: s, images: None });
+    }
+    msgs.push(OMessage { role: "user".into(), content: req.prompt, images: Some(images) });
+    let (messages, images) = chat_messages(msgs, limits)?;
+    request(messages, images, req.common, limits).map(Some)
 }
 
 /// Ollama's answer to a request without input: the model is loaded.
@@ -168,7 +190,8 @@ fn chat_messages(list: Vec<OMessage>, limits: &Limits) -> Result<(Vec<Message>, 
     Ok((out, images))
 }
 
-fn request(messages: Vec<Message>, images: Vec<Media>, format: Option<&Value>, o: &Options, limits: &Limits) -> Result<(ChatRequest, OutputOptions), ApiError> {
+fn request(messages: Vec<Message>, images: Vec<Media>, common: Common, limits: &Limits) -> Result<Checked, ApiError> {
+    let o = common.options.unwrap_or_default();
     let asked = match o.num_predict {
         None | Some(-1) | Some(-2) => None,
         Some(n) if n <= 0 => return Err(ApiError::bad(F, format!("options.num_predict must be positive, -1 or -2, got {n}"))),
@@ -183,14 +206,15 @@ fn request(messages: Vec<Message>, images: Vec<Media>, format: Option<&Value>, o
         ..Default::default()
     };
     let mut chat = ChatRequest::new(messages, images, sampling);
-    chat.schema = match format {
+    chat.schema = match common.format {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.is_empty() => None,
         Some(Value::String(s)) if s == "json" => Some(json!({"type": "object"})),
-        Some(Value::Object(_)) => format.cloned(),
+        Some(f @ Value::Object(_)) => Some(f),
         Some(other) => return Err(ApiError::bad(F, format!("format must be \"json\" or a JSON schema object, got {other}"))),
     };
-    Ok((chat, OutputOptions { stop: o.stop.clone().unwrap_or_default(), logprobs: false }))
+    let opts = OutputOptions { stop: o.stop.unwrap_or_default(), logprobs: false };
+    Ok(Checked { chat, opts, stream: common.stream.unwrap_or(true) })
 }
 
 #[derive(Clone, Copy)]
@@ -222,10 +246,10 @@ impl Kind {
     }
 }
 
-async fn respond(state: Arc<AppState>, chat: ChatRequest, opts: OutputOptions, stream: bool, kind: Kind) -> Result<Response, ApiError> {
-    let rx = generation::start(&state, F, chat, opts).await?;
+async fn respond(state: Arc<AppState>, c: Checked, kind: Kind) -> Result<Response, ApiError> {
+    let rx = generation::start(&state, F, c.chat, c.opts).await?;
     let model = state.cfg.model_name.clone();
-    if !stream {
+    if !c.stream {
         let out = generation::collect(rx, F).await?;
         return Ok(Json(kind.last(&model, &out.text, &out.summary)).into_response());
     }
@@ -268,8 +292,8 @@ pub struct ShowReq {
     pub model: String,
 }
 
-pub async fn show(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
-    let req: ShowReq = parse_body(F, body, state.cfg.limits.max_body_bytes)?;
+pub async fn show(State(state): State<Arc<AppState>>, RequestBody(body): RequestBody) -> Result<Json<Value>, ApiError> {
+    let req: ShowReq = parse_json(F, &body)?;
     state.check_model(F, &req.model)?;
     let spec = state.handle.model_spec();
     let arch = &state.cfg.info.family;

@@ -5,8 +5,6 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -15,7 +13,7 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::error::parse_body;
+use super::body::{parse_json, RequestBody};
 use super::generation::{self, GenEvent, OutputOptions, Summary, TokenLogprob};
 use super::{media, token_budget, ApiError, AppState, Flavor, Limits};
 use crate::chat::{ContentPart, Message};
@@ -74,29 +72,21 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let mut req: ChatCompletionRequest = parse_body(F, body, state.cfg.limits.max_body_bytes)?;
+pub async fn chat_completions(State(state): State<Arc<AppState>>, RequestBody(body): RequestBody) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse_json(F, &body)?;
     state.check_model(F, &req.model)?;
-    let stream = req.stream.unwrap_or(false);
-    let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let opts = OutputOptions {
-        stop: match req.stop.take().map(Stop::into_vec).unwrap_or_default() {
-            v if v.len() > 4 => return Err(ApiError::bad(F, format!("stop takes at most 4 strings, got {}", v.len()))),
-            v => v,
-        },
-        logprobs: req.logprobs.unwrap_or(false),
-    };
     let limits = state.cfg.limits.clone();
-    let chat = tokio::task::spawn_blocking(move || build_request(req, &limits))
+    // Images are decoded here: off the async workers.
+    let checked = tokio::task::spawn_blocking(move || check(req, &limits))
         .await
         .map_err(|e| ApiError::new(F, 500, e.to_string()))??;
     let id = format!("chatcmpl-{}", state.next_id());
     let created = state.now_unix();
-    let want_logprobs = opts.logprobs;
-    let rx = generation::start(&state, F, chat, opts).await?;
+    let want_logprobs = checked.opts.logprobs;
+    let rx = generation::start(&state, F, checked.chat, checked.opts).await?;
     let ctx = Ctx { id, created, model: state.cfg.model_name.clone(), logprobs: want_logprobs };
-    if stream {
-        return Ok(Sse::new(sse_stream(ctx, rx, include_usage)).into_response());
+    if checked.stream {
+        return Ok(Sse::new(sse_stream(ctx, rx, checked.include_usage)).into_response());
     }
     let out = generation::collect(rx, F).await?;
     let body = json!({
@@ -113,6 +103,34 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
         "usage": usage(&out.summary),
     });
     Ok(Json(body).into_response())
+}
+
+/// A chat completion request, checked: what the engine gets, and how to answer.
+pub struct Checked {
+    pub chat: ChatRequest,
+    pub opts: OutputOptions,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Body bytes to the engine's request without a model or a server: everything the handler
+/// checks but the model name. Any error is a 4xx (tests/fuzz's `serve_request` holds it to
+/// that).
+pub fn parse_request(body: &[u8], limits: &Limits) -> Result<Checked, ApiError> {
+    check(parse_json(F, body)?, limits)
+}
+
+fn check(mut req: ChatCompletionRequest, limits: &Limits) -> Result<Checked, ApiError> {
+    let stream = req.stream.unwrap_or(false);
+    let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let opts = OutputOptions {
+        stop: match req.stop.take().map(Stop::into_vec).unwrap_or_default() {
+            v if v.len() > 4 => return Err(ApiError::bad(F, format!("stop takes at most 4 strings, got {}", v.len()))),
+            v => v,
+        },
+        logprobs: req.logprobs.unwrap_or(false),
+    };
+    Ok(Checked { chat: build_request(req, limits)?, opts, stream, include_usage })
 }
 
 impl Stop {

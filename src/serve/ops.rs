@@ -49,7 +49,7 @@ impl Metrics {
 }
 
 /// The API flavor a path's clients expect errors in.
-fn flavor_of(path: &str) -> Flavor {
+pub(crate) fn flavor_of(path: &str) -> Flavor {
     if path.starts_with("/api/") {
         Flavor::Ollama
     } else {

@@ -7,15 +7,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::error::parse_body;
-use super::{media, merge_json, ApiError, AppState, Flavor};
+use super::body::{parse_json, RequestBody};
+use super::{media, merge_json, ApiError, AppState, Flavor, Limits};
 use crate::data::labels::LabelSet;
 use crate::dialogue::{Dialogue, Turn};
 use crate::engine::EngineError;
@@ -80,27 +78,19 @@ impl Drop for CancelOnDrop {
     }
 }
 
-pub async fn respond(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
-    let req: RespondReq = parse_body(F, body, state.cfg.limits.max_body_bytes)?;
+pub async fn respond(State(state): State<Arc<AppState>>, RequestBody(body): RequestBody) -> Result<Json<Value>, ApiError> {
+    let mut req: RespondReq = parse_json(F, &body)?;
     if let Some(m) = &req.model {
         state.check_model(F, m)?;
     }
-    let cfg = pipeline_config(&state.cfg.pipeline, req.pipeline.as_ref())?;
-    let f = req.frames.unwrap_or_default();
-    let d = &state.cfg.frames;
-    let opts = FrameOptions {
-        frames_per_turn: f.frames_per_turn.unwrap_or(d.frames_per_turn),
-        max_frames: f.max_frames.unwrap_or(d.max_frames),
-        skip_bad_media: f.skip_bad_media.unwrap_or(d.skip_bad_media),
-    };
+    let (cfg, opts) = settings(&mut req, &state.cfg.pipeline, &state.cfg.frames)?;
     let slot = state.acquire(F)?;
     let gone = Arc::new(AtomicBool::new(false));
     let _guard = CancelOnDrop(gone.clone());
     let st = state.clone();
     let run = tokio::task::spawn_blocking(move || {
         let _slot = slot;
-        let (dialogue, keyframes, report) = inline_dialogue(req.dialogue, &opts, &st.cfg.limits)?;
-        dialogue.validate().map_err(|e| ApiError::bad(F, format!("dialogue: {e:#}")))?;
+        let (dialogue, keyframes, report) = checked_dialogue(req.dialogue, &opts, &st.cfg.limits)?;
         let st2 = st.clone();
         let model = EngineModel::with_cancel(st.handle.clone(), Arc::new(move || gone.load(Ordering::SeqCst) || st2.cancelled()));
         let pipeline = Pipeline { model: &model, prompts: &st.cfg.prompts, memory: st.cfg.memory.as_ref(), cfg: &cfg };
@@ -111,6 +101,44 @@ pub async fn respond(State(state): State<Arc<AppState>>, body: Result<Bytes, Byt
     });
     let out = run.await.map_err(|e| ApiError::new(F, 500, format!("the pipeline run failed: {e}")))??;
     Ok(Json(out))
+}
+
+/// A `/v1/merg/respond` request, checked: what the pipeline gets.
+pub struct Checked {
+    pub dialogue: Dialogue,
+    pub keyframes: Vec<Keyframe>,
+    pub report: FrameReport,
+    pub cfg: PipelineConfig,
+}
+
+/// Body bytes to the pipeline's input without a model or a server, over the server's
+/// `defaults` and `frames` policy: everything the handler checks but the model name. Any
+/// error is a 4xx (tests/fuzz's `serve_request` holds it to that).
+pub fn parse_request(body: &[u8], defaults: &PipelineConfig, frames: &FrameOptions, limits: &Limits) -> Result<Checked, ApiError> {
+    let mut req: RespondReq = parse_json(F, body)?;
+    let (cfg, opts) = settings(&mut req, defaults, frames)?;
+    let (dialogue, keyframes, report) = checked_dialogue(req.dialogue, &opts, limits)?;
+    Ok(Checked { dialogue, keyframes, report, cfg })
+}
+
+/// The pipeline configuration and frame policy: the server's, with the request's overrides
+/// (`pipeline` and `frames` are taken out of `req`).
+fn settings(req: &mut RespondReq, defaults: &PipelineConfig, frames: &FrameOptions) -> Result<(PipelineConfig, FrameOptions), ApiError> {
+    let cfg = pipeline_config(defaults, req.pipeline.take().as_ref())?;
+    let f = req.frames.take().unwrap_or_default();
+    let opts = FrameOptions {
+        frames_per_turn: f.frames_per_turn.unwrap_or(frames.frames_per_turn),
+        max_frames: f.max_frames.unwrap_or(frames.max_frames),
+        skip_bad_media: f.skip_bad_media.unwrap_or(frames.skip_bad_media),
+    };
+    Ok((cfg, opts))
+}
+
+/// The dialogue with its keyframes decoded, validated.
+fn checked_dialogue(d: InlineDialogue, opts: &FrameOptions, limits: &Limits) -> Result<(Dialogue, Vec<Keyframe>, FrameReport), ApiError> {
+    let (dialogue, keyframes, report) = inline_dialogue(d, opts, limits)?;
+    dialogue.validate().map_err(|e| ApiError::bad(F, format!("dialogue: {e:#}")))?;
+    Ok((dialogue, keyframes, report))
 }
 
 /// The server's defaults with the request's overrides; unknown settings are refused (a typo
@@ -138,7 +166,7 @@ fn pipeline_config(base: &PipelineConfig, over: Option<&Value>) -> Result<Pipeli
 
 /// The dialogue with its keyframes: per-turn frames thinned to `frames_per_turn`, all capped
 /// to the `max_frames` most recent, and only those decoded.
-fn inline_dialogue(d: InlineDialogue, opts: &FrameOptions, limits: &super::Limits) -> Result<(Dialogue, Vec<Keyframe>, FrameReport), ApiError> {
+fn inline_dialogue(d: InlineDialogue, opts: &FrameOptions, limits: &Limits) -> Result<(Dialogue, Vec<Keyframe>, FrameReport), ApiError> {
     let mut picked: Vec<(Option<usize>, String, &str)> = vec![];
     for (ti, t) in d.turns.iter().enumerate() {
         let idx: Vec<usize> = (0..t.frames.len()).collect();

@@ -59,8 +59,7 @@ impl TestServer {
                 merg::serve::serve(listener, st, async {
                     let _ = stopped.await;
                 })
-                .await
-                .unwrap();
+                .await;
             });
         });
         let addr = addr_rx.recv().unwrap();
