@@ -77,6 +77,12 @@ fn every_checked_value_is_named_by_the_flag_typed() {
     assert_named(&["bench", "--model", &m, "--no-roofline", "--quant", "f32"], "--quant", "q9");
     assert_named(&["bench-agents", "--model", &m], "--new-tokens", "0");
     assert_named(&["bench-agents", "--model", &m], "--dialogues", "0");
+    if cfg!(feature = "serve") {
+        let serve = ["serve", "--model", &m, "--port", "0"];
+        for (flag, value) in [("--max-connections", "0"), ("--max-tokens", "0"), ("--header-timeout", "0"), ("--body-timeout", "nan"), ("--shutdown-grace", "-1")] {
+            assert_named(&serve, flag, value);
+        }
+    }
     let cfg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models").join("qwen2-vl-7b-instruct.json");
     let plan = ["plan", "--config", cfg.to_str().unwrap(), "--memory", "24GiB"];
     assert_named(&plan, "--dialogues", "0");

@@ -76,17 +76,21 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         .with_context(|| format!("--host {:?} is not an IP address", a.host))?;
     let api_key = a.api_key_file.as_deref().map(read_key).transpose()?;
     serve::check_bind(&addr, api_key.is_some()).context("give the server an API key with --api-key-file, or bind 127.0.0.1")?;
+    for (name, n) in [("max_body_mib", a.max_body_mib), ("max_tokens", a.max_tokens), ("max_queue", a.max_queue), ("max_header_kib", a.max_header_kib), ("max_connections", a.max_connections)] {
+        merg::setting::at_least_one(name, n)?;
+    }
     let limits = Limits {
-        max_body_bytes: a.max_body_mib.max(1) << 20,
+        max_body_bytes: a.max_body_mib << 20,
         max_images: a.max_images,
         max_image_pixels: a.max_image_pixels,
-        max_tokens: a.max_tokens.max(1),
-        max_queue: a.max_queue.max(1),
-        header_read_timeout: seconds("--header-timeout", a.header_timeout)?,
-        body_read_timeout: seconds("--body-timeout", a.body_timeout)?,
-        max_header_bytes: a.max_header_kib.max(1) << 10,
-        max_connections: a.max_connections.max(1),
+        max_tokens: a.max_tokens,
+        max_queue: a.max_queue,
+        header_read_timeout: seconds("header_timeout", a.header_timeout, false)?,
+        body_read_timeout: seconds("body_timeout", a.body_timeout, false)?,
+        max_header_bytes: a.max_header_kib << 10,
+        max_connections: a.max_connections,
     };
+    let shutdown_grace = seconds("shutdown_grace", a.shutdown_grace, true)?;
     let pipeline = a.pipeline.config()?;
     let (prompts, memory) = (a.pipeline.prompts()?, a.pipeline.memory()?);
     let engine_cfg = a.engine.config()?;
@@ -109,7 +113,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         model_name: model_name.clone(),
         api_key,
         limits,
-        shutdown_grace: Duration::from_secs_f64(a.shutdown_grace.max(0.0)),
+        shutdown_grace,
         pipeline,
         frames: a.pipeline.frame_options(),
         prompts,
@@ -131,11 +135,16 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
 }
 
 /// A positive, finite number of seconds as a duration.
-fn seconds(flag: &str, secs: f64) -> Result<Duration> {
-    if secs.is_nan() || secs <= 0.0 {
-        anyhow::bail!("{flag} must be a positive number of seconds, got {secs}");
+/// Seconds given as setting `name` (`zero_ok`: 0 allowed), as a duration.
+fn seconds(name: &'static str, secs: f64, zero_ok: bool) -> Result<Duration> {
+    let rule = if zero_ok { "a number of seconds ≥ 0" } else { "a positive number of seconds" };
+    let ok = if zero_ok { secs >= 0.0 } else { secs > 0.0 };
+    // NaN fails both comparisons; infinity and the like fail the conversion.
+    let bad = || merg::InvalidSetting::new(name, secs, rule);
+    if !ok {
+        return Err(bad().into());
     }
-    Duration::try_from_secs_f64(secs).with_context(|| format!("{flag} {secs}"))
+    Ok(Duration::try_from_secs_f64(secs).map_err(|_| bad())?)
 }
 
 /// The key, trimmed; an empty file is an error (it would accept an empty bearer token).
