@@ -137,40 +137,89 @@ impl Sampler {
         Ok((tok, raw[tok as usize] - lse))
     }
 
+    /// Temperature, top-k and top-p, then one draw walking the candidates in order (value
+    /// descending, then id ascending, so a seed picks the same token on every platform).
+    /// Only as much of that order is built as the walk needs (`Ranked`): a 150k vocabulary is
+    /// never sorted whole, since the nucleus and the draw end within a few hundred tokens.
     fn sample_filtered(&mut self, logits: &[f32]) -> u32 {
         let inv_t = 1.0 / self.params.temperature as f32;
-        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        // Stable order (value desc, then id asc) keeps sampling reproducible across platforms.
-        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-        if self.params.top_k > 0 {
-            idx.truncate(self.params.top_k);
-        }
-        let max = logits[idx[0] as usize] * inv_t;
-        let mut probs: Vec<f64> = idx.iter().map(|&i| ((logits[i as usize] * inv_t - max) as f64).exp()).collect();
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= total);
-        if self.params.top_p < 1.0 {
-            let mut cum = 0.0;
-            let mut keep = probs.len();
-            for (n, p) in probs.iter().enumerate() {
-                cum += p;
-                if cum >= self.params.top_p {
-                    keep = n + 1;
-                    break;
+        let limit = match self.params.top_k {
+            0 => logits.len(),
+            k => k.min(logits.len()),
+        };
+        let mut ranked = Ranked::new(logits);
+        let max = logits[ranked.at(0) as usize] * inv_t;
+        let weight = |i: u32| ((logits[i as usize] * inv_t - max) as f64).exp();
+        // The normaliser over what top-k leaves (every token without top-k).
+        let total: f64 = match limit == logits.len() {
+            true => logits.iter().map(|&x| ((x * inv_t - max) as f64).exp()).sum(),
+            false => (0..limit).map(|n| weight(ranked.at(n))).sum(),
+        };
+        // Top-p keeps the shortest head whose mass reaches top_p; `mass` is that head's.
+        let (keep, mass) = match self.params.top_p < 1.0 {
+            true => {
+                let mut cum = 0.0;
+                let mut keep = limit;
+                for n in 0..limit {
+                    cum += weight(ranked.at(n)) / total;
+                    if cum >= self.params.top_p {
+                        keep = n + 1;
+                        break;
+                    }
                 }
+                (keep, cum)
             }
-            probs.truncate(keep);
-            idx.truncate(keep);
-        }
-        let total: f64 = probs.iter().sum();
-        let mut r = self.rng.random::<f64>() * total;
-        for (n, p) in probs.iter().enumerate() {
-            r -= p;
+            false => (limit, (0..limit).map(|n| weight(ranked.at_if_ranked(n, limit))).sum::<f64>() / total),
+        };
+        let mut r = self.rng.random::<f64>() * mass;
+        for n in 0..keep {
+            r -= weight(ranked.at(n)) / total;
             if r <= 0.0 {
-                return idx[n];
+                return ranked.at(n);
             }
         }
-        *idx.last().unwrap_or(&0)
+        // Rounding left a sliver: the last candidate kept, as a full walk would end.
+        ranked.at(keep - 1)
+    }
+}
+
+/// Token ids in sampling order (logit descending, then id ascending), ranked lazily: `at(n)`
+/// selects and sorts only the head up to `n` (each time at least four times the head before),
+/// so a walk that stops early costs one selection pass, not a sort of the vocabulary.
+struct Ranked<'a> {
+    logits: &'a [f32],
+    idx: Vec<u32>,
+    sorted: usize,
+}
+
+impl<'a> Ranked<'a> {
+    fn new(logits: &'a [f32]) -> Self {
+        Ranked { logits, idx: (0..logits.len() as u32).collect(), sorted: 0 }
+    }
+
+    fn at(&mut self, n: usize) -> u32 {
+        if n >= self.sorted {
+            let want = (n + 1).max(self.sorted * 4).max(64).min(self.idx.len());
+            let logits = self.logits;
+            let order = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+            let rest = &mut self.idx[self.sorted..];
+            let head = want - self.sorted;
+            if head < rest.len() {
+                rest.select_nth_unstable_by(head - 1, order);
+            }
+            rest[..head].sort_unstable_by(order);
+            self.sorted = want;
+        }
+        self.idx[n]
+    }
+
+    /// `at(n)` when the whole of `0..limit` is being summed in any order: without ranking when
+    /// `limit` covers every token (a sum over all of them needs no order).
+    fn at_if_ranked(&mut self, n: usize, limit: usize) -> u32 {
+        match limit == self.idx.len() {
+            true => n as u32,
+            false => self.at(n),
+        }
     }
 }
 
