@@ -194,6 +194,9 @@ fn bad_requests_get_clear_4xx_and_the_engine_keeps_serving() {
         ("/api/chat", serde_json::to_vec(&json!({"model": MODEL, "messages": [{"role": "user", "content": "x", "images": ["%%%"]}]})).unwrap(), 400, "messages[0].images[0]"),
         ("/api/generate", serde_json::to_vec(&json!({"model": MODEL, "prompt": "<|im_start|>", "raw": true})).unwrap(), 400, "raw"),
         ("/api/generate", serde_json::to_vec(&json!({"model": MODEL, "prompt": "x", "options": {"num_predict": 1000}})).unwrap(), 400, "options.num_predict"),
+        // Sampling values are named by the field the client sent, in its API's words.
+        ("/api/chat", serde_json::to_vec(&json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "options": {"top_p": 1.5}})).unwrap(), 400, "options.top_p must be in (0, 1], got 1.5"),
+        ("/v1/chat/completions", serde_json::to_vec(&json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 0})).unwrap(), 400, "top_p must be in (0, 1], got 0"),
         ("/v1/merg/respond", serde_json::to_vec(&json!({"dialogue": {"turns": [{"speaker": "A", "text": "hi"}], "next_speaker": "B", "video": "/etc/passwd"}})).unwrap(), 400, "video"),
         ("/v1/merg/respond", serde_json::to_vec(&json!({"dialogue": {"turns": [{"speaker": "A", "text": "hi"}], "next_speaker": "B"}, "pipeline": {"t_maxx": 1}})).unwrap(), 400, "t_maxx"),
         ("/v1/merg/respond", serde_json::to_vec(&json!({"dialogue": {"turns": [{"speaker": "A", "text": "hi"}], "next_speaker": "B"}, "pipeline": {"t_max": 9}})).unwrap(), 400, "t_max"),

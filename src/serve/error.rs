@@ -31,6 +31,18 @@ impl ApiError {
         Self::new(flavor, 400, message)
     }
 
+    /// A sampling value against its rule (400), named by the field the client sent: Ollama's
+    /// `options.top_p`, `options.num_predict`; OpenAI's `top_p`, `max_tokens`.
+    pub fn setting(flavor: Flavor, e: crate::setting::InvalidSetting) -> Self {
+        let field = match (flavor, e.name) {
+            (Flavor::Ollama, "max_new_tokens") => "options.num_predict".to_string(),
+            (Flavor::Ollama, name) => format!("options.{name}"),
+            (Flavor::OpenAi, "max_new_tokens") => "max_tokens".to_string(),
+            (Flavor::OpenAi, name) => name.to_string(),
+        };
+        Self::bad(flavor, format!("{field} must be {}, got {}", e.rule, e.value))
+    }
+
     pub fn engine(flavor: Flavor, e: EngineError) -> Self {
         Self::new(flavor, e.status(), e.to_string())
     }

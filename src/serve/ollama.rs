@@ -205,6 +205,7 @@ fn request(messages: Vec<Message>, images: Vec<Media>, common: Common, limits: &
         max_new_tokens: token_budget(F, asked, limits, "options.num_predict")?,
         ..Default::default()
     };
+    sampling.validate().map_err(|e| ApiError::setting(F, e))?;
     let mut chat = ChatRequest::new(messages, images, sampling);
     chat.schema = match common.format {
         None | Some(Value::Null) => None,

@@ -163,6 +163,7 @@ fn build_request(req: ChatCompletionRequest, limits: &Limits) -> Result<ChatRequ
         stop_token_ids: if req.ignore_eos { vec![u32::MAX] } else { vec![] },
         ..Default::default()
     };
+    sampling.validate().map_err(|e| ApiError::setting(F, e))?;
     let (messages, images) = messages(&req.messages, limits)?;
     let mut chat = ChatRequest::new(messages, images, sampling);
     chat.schema = req.response_format.as_ref().map(schema_of).transpose()?.flatten();
