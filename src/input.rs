@@ -33,6 +33,8 @@ pub const VIDEO: Kind = Kind { what: "video", mib: 1 << 20, env: "MERG_MAX_VIDEO
 /// Weights are memory-mapped, never read whole; only the regular-file check applies.
 pub const WEIGHTS: Kind = Kind { what: "weights", mib: 1 << 30, env: "MERG_MAX_WEIGHTS_MIB" };
 pub const TEXT: Kind = Kind { what: "text file", mib: 16, env: "MERG_MAX_TEXT_MIB" };
+/// A benchmark's saved JSON, drawn by `merg plot`.
+pub const BENCH_JSON: Kind = Kind { what: "benchmark JSON", mib: 64, env: "MERG_MAX_BENCH_JSON_MIB" };
 
 impl Kind {
     /// The cap in bytes (the environment variable wins when it is a number).

@@ -37,6 +37,9 @@ enum Cmd {
     Serve(Box<cli::serve::ServeArgs>),
     /// Tables, figures and human-evaluation sheets from eval run folders.
     Report(cli::report::ReportArgs),
+    /// Draw a saved benchmark JSON as a figure (.svg or .png): `serve-load` (bench_serve.py's
+    /// rows, as scripts/bench-serve.sh saves them) or `bench-agents` (its printed report).
+    Plot(cli::report::PlotArgs),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +78,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "serve")]
         Cmd::Serve(a) => cli::serve::cmd_serve(*a),
         Cmd::Report(a) => cli::report::cmd_report(a),
+        Cmd::Plot(a) => cli::report::cmd_plot(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -120,16 +120,22 @@ fn unknown_device_and_dtype_are_rejected() {
     fails_with(&merg(&["generate", "--model", &model("qwen2_vl"), "--prompt", "x", "--dtype", "int3"]), &["int3"]);
 }
 
+/// `bench` on dummy weights; `--plot` draws the run (SVG or PNG, by the name).
 #[test]
 fn bench_runs_on_dummy_weights_of_a_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (svg, png) = (tmp.path().join("bench.svg"), tmp.path().join("bench.png"));
     let cfg = tiny_dir("qwen2_5_vl").join("config.json");
-    let o = merg(&["bench", "--config", cfg.to_str().unwrap(), "--prompt-tokens", "16", "--decode-tokens", "4", "--no-roofline"]);
+    let o = merg(&["bench", "--config", cfg.to_str().unwrap(), "--prompt-tokens", "16", "--decode-tokens", "4", "--no-roofline", "--plot", svg.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rec: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(rec["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
     assert_eq!(rec["dummy"], true);
+    let figure = std::fs::read_to_string(&svg).unwrap();
+    assert!(figure.contains(">\ndecode\n</text>") && figure.contains(">\nprefill\n</text>") && figure.contains(">\nf32\n</text>"), "{figure}");
+    assert!(!figure.contains("roofline"), "no roofline measured, none drawn");
     // With the roofline: its line, then each format's decode and prefill lines, then JSON.
-    let o = merg(&["bench", "--config", cfg.to_str().unwrap(), "--prompt-tokens", "16", "--decode-tokens", "4", "--quant", "f32,q8_0"]);
+    let o = merg(&["bench", "--config", cfg.to_str().unwrap(), "--prompt-tokens", "16", "--decode-tokens", "4", "--quant", "f32,q8_0", "--plot", png.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.lines().next().unwrap().starts_with("roofline: ") && out.contains("GB/s triad bandwidth"), "{out}");
@@ -137,19 +143,47 @@ fn bench_runs_on_dummy_weights_of_a_config() {
         assert!(out.lines().any(|l| l.starts_with(&format!("decode {w}: ")) && l.contains("% of roofline")), "{w}: {out}");
         assert!(out.lines().any(|l| l.starts_with(&format!("prefill {w}: ")) && l.contains("% of the f32 peak")), "{w}: {out}");
     }
+    let img = image::open(&png).unwrap().to_rgb8();
+    let colours: std::collections::HashSet<[u8; 3]> = img.pixels().map(|p| p.0).collect();
+    assert!(img.width() > 600 && img.height() > 300 && colours.len() > 8, "{}x{}, {} colours", img.width(), img.height(), colours.len());
+    // A name that is neither fails before anything is measured.
+    fails_with(&merg(&["bench", "--config", cfg.to_str().unwrap(), "--plot", "bench.jpg"]), &["bench.jpg", ".svg or .png"]);
+}
+
+/// `merg plot serve-load` draws scripts/bench_serve.py's rows (what bench-serve.sh saves).
+#[test]
+fn plot_draws_saved_serve_load_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = tmp.path().join("rows.json");
+    std::fs::write(&rows, r#"[{"clients": 1, "requests": 8, "rps": 20.5, "p50": 0.05, "p99": 0.06, "ttft_p50": 0.01},
+        {"clients": 8, "requests": 64, "rps": 90.0, "p50": 0.09, "p99": 0.12, "ttft_p50": 0.02}]"#).unwrap();
+    let svg = tmp.path().join("serve.svg");
+    let o = merg(&["plot", "serve-load", rows.to_str().unwrap(), "--out", svg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let figure = std::fs::read_to_string(&svg).unwrap();
+    assert!(figure.contains(">\nthroughput\n</text>") && figure.contains(">\n20.5\n</text>") && figure.matches("<circle").count() == 2 * 4 + 4, "{figure}");
+    fails_with(&merg(&["plot", "serve-load", svg.to_str().unwrap(), "--out", "x.png"]), &["serve.svg", "not JSON"]);
 }
 
 /// The benchmark runs on a real checkpoint too (shape of its report only; numbers are for
 /// `merg bench-agents` runs, not for tests).
 #[test]
 fn bench_agents_reports_cache_counters_and_every_pair() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plot = tmp.path().join("agents.svg");
     let o = merg(&[
         "bench-agents", "--model", &model("qwen2_5_vl"), "--dialogues", "2", "--new-tokens", "2", "--keyframes", "1",
-        "--keyframe-size", "56", "--repeats", "2", "--kv-memory", "blocks:256",
+        "--keyframe-size", "56", "--repeats", "2", "--kv-memory", "blocks:256", "--plot", plot.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["wall_ratios"].as_array().unwrap().len(), 2);
+    assert_eq!(r["pair_walls_s"].as_array().unwrap().len(), 2);
+    // The figure: both pairs' walls, cache on and off, and the tokens computed.
+    let figure = std::fs::read_to_string(&plot).unwrap();
+    for s in ["wall per dialogue", "prompt tokens", "cache on", "cache off", "computed", "from the cache"] {
+        assert!(figure.contains(&format!(">\n{s}\n</text>")), "{s}: {figure}");
+    }
     let on = &r["with_cache"]["stats"]["prefix"];
     let off = &r["without_cache"]["stats"]["prefix"];
     assert_eq!(on["prompt_tokens"], off["prompt_tokens"], "same workload both ways");

@@ -127,9 +127,27 @@ fn killed_and_resumed_equals_uninterrupted_and_shards_merge() {
     ok(o);
     let md = std::fs::read_to_string(rep.join("report.md")).unwrap();
     assert!(md.contains("| full |") && md.contains("| merged |"), "{md}");
-    for f in ["full.tone.svg", "full.stance.svg", "full.gra.svg", "full.rounds.svg", "full.confusion.svg", "ablation.svg"] {
-        let svg = std::fs::read_to_string(rep.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{f}");
+    // Each figure as SVG (with its title) and as a PNG that decodes and is not blank.
+    let titles = [
+        ("full.tone", "full: PSP tone per forecast emotion"),
+        ("full.stance", "full: PSP stance per forecast emotion"),
+        ("full.gra", "full: GRA error attribution"),
+        ("full.rounds", "full: selected round"),
+        ("full.confusion", "full: emotion forecast confusion"),
+        ("merged.tone", "merged: PSP tone per forecast emotion"),
+        ("ablation", "Runs compared"),
+    ];
+    for (stem, title) in titles {
+        let svg = std::fs::read_to_string(rep.join(format!("{stem}.svg"))).unwrap_or_else(|e| panic!("{stem}.svg: {e}"));
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>") && svg.contains(&format!(">\n{title}\n</text>")), "{stem}.svg");
+        let png = image::open(rep.join(format!("{stem}.png"))).unwrap_or_else(|e| panic!("{stem}.png: {e}")).to_rgb8();
+        let colours: std::collections::HashSet<[u8; 3]> = png.pixels().map(|p| p.0).collect();
+        assert!(png.width() > 300 && png.height() > 200 && colours.len() > 4, "{stem}.png: {}x{}, {} colours", png.width(), png.height(), colours.len());
+    }
+    // The ablation chart: a bar per metric for each run, each run in the legend.
+    let ablation = std::fs::read_to_string(rep.join("ablation.svg")).unwrap();
+    for s in ["Dist-1", "Dist-2", "Acc", "F1 (BERTScore)", "Empathy", "full", "merged", "metric"] {
+        assert!(ablation.contains(&format!(">\n{s}\n</text>")), "ablation.svg: {s}");
     }
     check_human_sheets(&rep.join("human_eval"));
 }

@@ -418,6 +418,8 @@ fn hostile_datasets_and_reports() {
         case("score out of range", vec!["report".into(), "--aggregate-human".into(), bad_score, "--key".into(), key.clone()], &["scores.csv", "1 to 5"]),
         case("human key is /dev/zero", vec!["report".into(), "--aggregate-human".into(), sheet, "--key".into(), "/dev/zero".into()], &["/dev/zero", "not a regular file"]),
         case("report of a missing run", vec!["report".into(), s(&d.join("no_run"))], &["no_run"]),
+        case("plot of /dev/zero", vec!["plot".into(), "serve-load".into(), "/dev/zero".into(), "--out".into(), s(&d.join("f.svg"))], &["/dev/zero", "not a regular file"]),
+        case("plot of a file that is not JSON", vec!["plot".into(), "serve-load".into(), key.clone(), "--out".into(), s(&d.join("f.svg"))], &["key.csv", "not JSON"]),
     ]);
 }
 

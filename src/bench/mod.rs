@@ -66,6 +66,8 @@ pub struct AgentsReport {
     pub dialogues_per_minute: f64,
     /// Each pair's ratio, in run order (a shared 2-core box is noisy: single runs vary ±20 %).
     pub wall_ratios: Vec<f64>,
+    /// Each pair's wall times, (cache on, cache off) seconds, in run order.
+    pub pair_walls_s: Vec<(f64, f64)>,
 }
 
 fn dialogue_text(d: &[(&str, &str)], listener: &str) -> String {
@@ -153,6 +155,7 @@ pub fn run_agents(
         pairs.push((a, b));
     }
     let wall_ratios: Vec<f64> = pairs.iter().map(|(a, b)| a.wall_s / b.wall_s).collect();
+    let pair_walls_s = pairs.iter().map(|(a, b)| (a.wall_s, b.wall_s)).collect();
     let without_cache = pairs.into_iter().next().map(|(_, b)| b);
     let mut sorted = wall_ratios.clone();
     sorted.sort_by(f64::total_cmp);
@@ -166,6 +169,7 @@ pub fn run_agents(
         wall_ratio: sorted.get(sorted.len() / 2).copied(),
         dialogues_per_minute: dialogues as f64 * 60.0 / with_cache.wall_s,
         wall_ratios,
+        pair_walls_s,
         with_cache,
         without_cache,
     })

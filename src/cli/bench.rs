@@ -50,6 +50,10 @@ pub struct BenchArgs {
     /// $MERG_DATA_DIR or ../shared/data /qwen2-tokenizer/tokenizer.json).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// Also draw the run as a figure (FILE.svg or FILE.png): decode (batch 1 and each --batch)
+    /// and prefill tokens/s per format, against the roofline when it was measured.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -91,12 +95,20 @@ pub struct BenchAgentsArgs {
     /// With --server: requests in flight at once (start the server with as many slots).
     #[arg(long, default_value_t = 1, requires = "server")]
     slots: usize,
+    /// Also draw the run as a figure (FILE.svg or FILE.png): wall per dialogue (cache on and
+    /// off, each pair) and prompt tokens computed vs taken from the cache.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineArgs,
 }
 
 pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     merg::setting::at_least_one("prompt_tokens", a.prompt_tokens)?;
+    // A bad figure name fails before minutes of measuring, not after.
+    if let Some(p) = &a.plot {
+        merg::report::plot::check_extension(p)?;
+    }
     let formats = match a.model.quant.is_empty() {
         true => vec![(None, None)],
         false => a.model.quant.iter().map(|f| format_of(f)).collect::<Result<Vec<_>>>().context("--quant")?,
@@ -137,6 +149,19 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         }
         println!("{}", serde_json::to_string_pretty(&rec)?);
         recs.push(rec);
+    }
+    if let Some(p) = &a.plot {
+        merg::report::benches::bench(&recs).save(p)?;
+        eprintln!("[figure written to {}]", p.display());
+    }
+    Ok(())
+}
+
+/// Draws `--plot` from the JSON the run printed.
+fn plot_agents(plot: Option<&PathBuf>, json: &serde_json::Value) -> Result<()> {
+    if let Some(p) = plot {
+        merg::report::benches::bench_agents(json)?.save(p)?;
+        eprintln!("[figure written to {}]", p.display());
     }
     Ok(())
 }
@@ -442,6 +467,9 @@ pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
     for (name, n) in [("dialogues", a.dialogues), ("new_tokens", a.new_tokens), ("keyframe_size", a.keyframe_size as usize), ("slots", a.slots)] {
         merg::setting::at_least_one(name, n)?;
     }
+    if let Some(p) = &a.plot {
+        merg::report::plot::check_extension(p)?;
+    }
     let (device, dtype) = a.model.device_and_dtype()?;
     let cfg = a.engine.config()?;
     let frames: Vec<image::RgbImage> = (0..a.keyframes)
@@ -456,7 +484,7 @@ pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
         let order = if a.order == "dialogue" { merg::bench::server::Order::Dialogue } else { merg::bench::server::Order::Stage };
         let run = merg::bench::server::run_on_server(url, order, a.slots, a.dialogues, a.new_tokens, &frames).map_err(|e| anyhow::anyhow!("--server {url}: {e:#}"))?;
         println!("{}", serde_json::to_string_pretty(&run)?);
-        return Ok(());
+        return plot_agents(a.plot.as_ref(), &serde_json::to_value(&run)?);
     }
     let quant = a.model.quant()?;
     let make: Box<dyn Fn() -> Result<Checkpoint>> = match &a.model.model {
@@ -481,6 +509,6 @@ pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
     };
     let report = merg::bench::run_agents(&*make, &cfg, a.dialogues, a.new_tokens, &frames, a.repeats)?;
     println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(())
+    plot_agents(a.plot.as_ref(), &serde_json::to_value(&report)?)
 }
 

@@ -1,18 +1,19 @@
-//! `merg report`: tables, figures and human-evaluation sheets from `merg eval` run folders.
+//! `merg report`: tables, figures and human-evaluation sheets from `merg eval` run folders;
+//! `merg plot`: a saved benchmark JSON drawn as a figure.
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
-use clap::Args;
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
 
-use merg::report::{self, human, Run};
+use merg::report::{self, benches, human, Run};
 
 #[derive(Args)]
 pub struct ReportArgs {
     /// Run folders written by `merg eval` (one column/bar each).
     #[arg(num_args = 1.., required_unless_present = "aggregate_human")]
     pub runs: Vec<PathBuf>,
-    /// Output folder for report.md and the SVG figures.
+    /// Output folder for report.md and the figures (each as .svg and .png).
     #[arg(long, default_value = "report")]
     pub out: PathBuf,
     /// Also export blinded human-evaluation sheets for this many common items.
@@ -46,5 +47,38 @@ pub fn cmd_report(a: ReportArgs) -> Result<()> {
     }
     println!("{}", std::fs::read_to_string(a.out.join("report.md"))?);
     eprintln!("[{} files written under {}]", files.len(), a.out.display());
+    Ok(())
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum PlotKind {
+    /// scripts/bench_serve.py's JSON rows: requests/s and latency per client count.
+    ServeLoad,
+    /// `merg bench-agents`' JSON (here or --server): wall per dialogue, prompt tokens.
+    BenchAgents,
+}
+
+#[derive(Args)]
+pub struct PlotArgs {
+    /// What the JSON is.
+    pub kind: PlotKind,
+    /// The JSON file, as the benchmark printed it.
+    pub input: PathBuf,
+    /// The figure to write: FILE.svg or FILE.png.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn cmd_plot(a: PlotArgs) -> Result<()> {
+    report::plot::check_extension(&a.out)?;
+    let text = merg::input::read_string(&a.input, &merg::input::BENCH_JSON)?;
+    let json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", a.input.display()))?;
+    let fig = match a.kind {
+        PlotKind::ServeLoad => benches::serve_load(&json),
+        PlotKind::BenchAgents => benches::bench_agents(&json),
+    }
+    .with_context(|| a.input.display().to_string())?;
+    fig.save(&a.out)?;
+    eprintln!("[figure written to {}]", a.out.display());
     Ok(())
 }

@@ -1,13 +1,17 @@
-//! `merg report`: metric tables side by side, the paper's figures as SVG, and blinded
-//! human-evaluation sheets, from one or more `merg eval` run folders.
+//! `merg report`: metric tables side by side, the paper's figures (SVG and PNG, drawn by
+//! `plot`), and blinded human-evaluation sheets, from one or more `merg eval` run folders.
 //!
 //! Figures: PSP tone and stance per forecast emotion (paper Fig. 3), GRA error attribution per
 //! agent (Fig. 4: how often each agent failed its check, and how often it was the earliest
 //! failure that started a re-run), selected-round histogram, confusion matrix, and the
 //! ablation comparison across runs.
 
+pub mod benches;
 pub mod human;
-pub mod svg;
+pub mod plot;
+mod raster;
+#[cfg(test)]
+mod tests;
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +21,7 @@ use crate::eval::record::Record;
 use crate::eval::summary::{table_header, Summary};
 use crate::eval::{read_records, read_spec, RunSpec};
 use crate::pipeline::psp::{STANCES, TONES};
+use plot::{Categorical, Figure, Heatmap, Style};
 
 /// A finished run folder.
 pub struct Run {
@@ -37,16 +42,9 @@ impl Run {
     }
 }
 
-/// Writes report.md and the figures into `out`; returns the files written.
+/// Writes report.md and the figures (each as .svg and .png) into `out`; returns the files written.
 pub fn write(runs: &[Run], out: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let mut files = vec![];
-    let mut put = |name: String, body: String| -> Result<()> {
-        let p = out.join(name);
-        std::fs::write(&p, body).with_context(|| format!("writing {}", p.display()))?;
-        files.push(p);
-        Ok(())
-    };
     let mut md = String::from("# merg report\n\n## Metrics (paper Table 1 shape, plus polarity)\n\n");
     md.push_str(&table_header());
     for r in runs {
@@ -61,25 +59,63 @@ pub fn write(runs: &[Run], out: &Path) -> Result<Vec<PathBuf>> {
             c.use_mpa, c.use_caef, c.use_psp, c.use_gra, c.mode, c.t_max, c.top_k, c.selection, r.summary.distinct.mode
         ));
     }
-    put("report.md".into(), md)?;
+    let table = out.join("report.md");
+    std::fs::write(&table, md).with_context(|| format!("writing {}", table.display()))?;
+    let mut files = vec![table];
+    for (stem, fig) in figures(runs) {
+        files.extend(fig.save_both(out, &stem)?);
+    }
+    Ok(files)
+}
+
+/// Every figure of the report, by file stem: the ablation chart (several runs), then per run
+/// tone, stance, GRA attribution, selected rounds and (with emotion labels) the confusion matrix.
+pub fn figures(runs: &[Run]) -> Vec<(String, Figure)> {
+    let mut figs = vec![];
     if runs.len() > 1 {
-        put("ablation.svg".into(), ablation_chart(runs))?;
+        figs.push(("ablation".to_string(), ablation_chart(runs)));
     }
     for r in runs {
         let n = &r.name;
-        let (tone, stance) = plan_distributions(&r.records, &r.spec.pipeline.labels);
-        put(format!("{n}.tone.svg"), svg::bar_chart(&format!("{n}: PSP tone per forecast emotion"), &r.spec.pipeline.labels, &tone, true, "replies"))?;
-        put(format!("{n}.stance.svg"), svg::bar_chart(&format!("{n}: PSP stance per forecast emotion"), &r.spec.pipeline.labels, &stance, true, "replies"))?;
-        put(format!("{n}.gra.svg"), gra_attribution(&r.records, n))?;
+        let labels = &r.spec.pipeline.labels;
+        let (tone, stance) = plan_distributions(&r.records, labels);
+        let plan = |what: &str, series| Categorical {
+            title: format!("{n}: PSP {what} per forecast emotion"),
+            x_label: "forecast emotion".into(),
+            y_label: "replies".into(),
+            categories: labels.clone(),
+            series,
+            style: Style::Stacked,
+            values: true,
+            ..Default::default()
+        };
+        figs.push((format!("{n}.tone"), plan("tone", tone).into()));
+        figs.push((format!("{n}.stance"), plan("stance", stance).into()));
+        figs.push((format!("{n}.gra"), gra_attribution(&r.records, n)));
         let h = &r.summary.selected_rounds;
-        let cats: Vec<String> = (0..h.len()).map(|i| format!("round {i}")).collect();
-        put(format!("{n}.rounds.svg"), svg::bar_chart(&format!("{n}: selected round"), &cats, &[("items".into(), h.iter().map(|&x| x as f64).collect())], false, "items"))?;
+        let rounds = Categorical {
+            title: format!("{n}: selected round"),
+            x_label: "round (0: the first answer)".into(),
+            y_label: "items".into(),
+            categories: (0..h.len()).map(|i| i.to_string()).collect(),
+            series: vec![("items".into(), h.iter().map(|&x| x as f64).collect())],
+            values: true,
+            ..Default::default()
+        };
+        figs.push((format!("{n}.rounds"), rounds.into()));
         if let Some(e) = &r.summary.emotion {
-            let m: Vec<Vec<f64>> = e.confusion.iter().map(|row| row.iter().map(|&x| x as f64).collect()).collect();
-            put(format!("{n}.confusion.svg"), svg::heatmap(&format!("{n}: emotion forecast confusion"), &e.labels, &e.labels, &m, "gold", "forecast"))?;
+            let confusion = Heatmap {
+                title: format!("{n}: emotion forecast confusion"),
+                rows: e.labels.clone(),
+                cols: e.labels.clone(),
+                values: e.confusion.iter().map(|row| row.iter().map(|&x| x as f64).collect()).collect(),
+                row_label: "gold".into(),
+                col_label: "forecast".into(),
+            };
+            figs.push((format!("{n}.confusion"), confusion.into()));
         }
     }
-    Ok(files)
+    figs
 }
 
 /// (tone series, stance series) over the label set, counting selected plans by forecast.
@@ -127,19 +163,21 @@ pub fn gra_counts(records: &[Record]) -> ([f64; 4], [f64; 4]) {
     (failed, blamed)
 }
 
-fn gra_attribution(records: &[Record], name: &str) -> String {
+fn gra_attribution(records: &[Record], name: &str) -> Figure {
     let (failed, blamed) = gra_counts(records);
-    let cats: Vec<String> = ["MPA (c1)", "CAEF (c2)", "PSP (c3)", "SGRG (c4)"].map(String::from).to_vec();
-    svg::bar_chart(
-        &format!("{name}: GRA error attribution"),
-        &cats,
-        &[("failed checks".into(), failed.to_vec()), ("re-runs started".into(), blamed.to_vec())],
-        false,
-        "count",
-    )
+    Categorical {
+        title: format!("{name}: GRA error attribution"),
+        x_label: "agent (GRA check)".into(),
+        y_label: "count".into(),
+        categories: ["MPA (c1)", "CAEF (c2)", "PSP (c3)", "SGRG (c4)"].map(String::from).to_vec(),
+        series: vec![("failed checks".into(), failed.to_vec()), ("re-runs started".into(), blamed.to_vec())],
+        values: true,
+        ..Default::default()
+    }
+    .into()
 }
 
-fn ablation_chart(runs: &[Run]) -> String {
+fn ablation_chart(runs: &[Run]) -> Figure {
     let metrics = ["Dist-1", "Dist-2", "Acc", "F1 (BERTScore)", "Empathy"];
     let series = runs
         .iter()
@@ -155,5 +193,13 @@ fn ablation_chart(runs: &[Run]) -> String {
             (r.name.clone(), v.to_vec())
         })
         .collect::<Vec<_>>();
-    svg::bar_chart("Runs compared", &metrics.map(String::from), &series, false, "% (empathy ×100)")
+    Categorical {
+        title: "Runs compared".into(),
+        x_label: "metric".into(),
+        y_label: "% (empathy ×100)".into(),
+        categories: metrics.map(String::from).to_vec(),
+        series,
+        ..Default::default()
+    }
+    .into()
 }
