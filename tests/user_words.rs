@@ -76,6 +76,7 @@ fn every_checked_value_is_named_by_the_flag_typed() {
     assert_named(&["bench", "--model", &m, "--no-roofline"], "--prompt-tokens", "0");
     assert_named(&["bench", "--model", &m, "--no-roofline", "--quant", "f32"], "--quant", "q9");
     assert_named(&["bench-agents", "--model", &m], "--new-tokens", "0");
+    assert_named(&["bench", "--model", &m, "--no-roofline"], "--plot", "fig.jpg");
     assert_named(&["bench-agents", "--model", &m], "--dialogues", "0");
     if cfg!(feature = "serve") {
         let serve = ["serve", "--model", &m, "--port", "0"];

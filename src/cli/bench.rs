@@ -107,7 +107,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     merg::setting::at_least_one("prompt_tokens", a.prompt_tokens)?;
     // A bad figure name fails before minutes of measuring, not after.
     if let Some(p) = &a.plot {
-        merg::report::plot::check_extension(p)?;
+        super::figure_name("plot", p)?;
     }
     let formats = match a.model.quant.is_empty() {
         true => vec![(None, None)],
@@ -468,7 +468,7 @@ pub fn cmd_bench_agents(a: BenchAgentsArgs) -> Result<()> {
         merg::setting::at_least_one(name, n)?;
     }
     if let Some(p) = &a.plot {
-        merg::report::plot::check_extension(p)?;
+        super::figure_name("plot", p)?;
     }
     let (device, dtype) = a.model.device_and_dtype()?;
     let cfg = a.engine.config()?;

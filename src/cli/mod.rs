@@ -105,6 +105,14 @@ pub fn device_and_dtype(device: &str, dtype: Option<&str>) -> Result<(candle_cor
     Ok((device, dtype))
 }
 
+/// A figure's file name (flag id `name`): .svg or .png, checked before anything is measured.
+pub fn figure_name(name: &'static str, path: &std::path::Path) -> Result<()> {
+    match merg::report::plot::check_extension(path) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(merg::InvalidSetting::new(name, path.display(), "a file name ending in .svg or .png").into()),
+    }
+}
+
 /// An engine error with the flag that addresses it, for the terminal.
 pub fn with_hint(e: EngineError) -> anyhow::Error {
     match &e {

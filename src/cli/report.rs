@@ -70,7 +70,7 @@ pub struct PlotArgs {
 }
 
 pub fn cmd_plot(a: PlotArgs) -> Result<()> {
-    report::plot::check_extension(&a.out)?;
+    super::figure_name("out", &a.out)?;
     let text = merg::input::read_string(&a.input, &merg::input::BENCH_JSON)?;
     let json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", a.input.display()))?;
     let fig = match a.kind {
