@@ -293,6 +293,28 @@ fn cpu_kernel_fallbacks_give_the_same_tokens() {
     }
 }
 
+/// Temperature / top-p sampling draws the same tokens on the device path (MERG_CPU_KERNELS=
+/// generic: each row's head ranked by candle's ops, one read-back) as on the host's whole row.
+#[test]
+fn sampled_tokens_are_the_same_on_the_device_path() {
+    let dir = common::tiny_dir("qwen2_5_vl");
+    let run = |generic: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_merg"));
+        c.args(["generate", "--model", dir.to_str().unwrap(), "--prompt", "How was your day?", "--max-new-tokens", "24", "--json"]);
+        c.args(["--temperature", "1.3", "--top-p", "0.95", "--seed", "9"]);
+        if generic {
+            c.env("MERG_CPU_KERNELS", "generic");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["tokens"].clone()
+    };
+    let host = run(false);
+    assert_eq!(run(true), host);
+    let distinct: std::collections::HashSet<String> = host.as_array().unwrap().iter().map(|t| t.to_string()).collect();
+    assert!(distinct.len() > 6, "a sampled reply, not a repeated token: {host}");
+}
+
 /// A forced level above what the machine has runs at the detected level with a warning that
 /// names it, instead of faulting on an instruction the CPU lacks.
 #[test]

@@ -25,6 +25,7 @@ pub mod error;
 pub mod handle;
 pub mod kv_pool;
 pub mod paged_attention;
+mod ranking;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;

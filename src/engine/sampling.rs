@@ -3,17 +3,25 @@
 //! The logits of a step (`[R, vocab]`, one row per sequence that samples) stay on the device.
 //! Off the CPU (and with `MERG_CPU_KERNELS=generic`), a greedy row is settled there: the
 //! constraint's mask applied, its argmax, the model's log-sum-exp, the chosen logit and a
-//! finiteness check come back as four numbers. Only rows that sample with a temperature come
-//! back whole (the seeded sampler runs on the host, so a seed means the same on every device).
-//! Everything that crosses goes through `read_back`, which counts, in one transfer per step.
+//! finiteness check come back as four numbers. A row sampled with a temperature is ranked
+//! there (`ranking`): the head of its order and its normaliser come back, and the seeded
+//! sampler draws from the head on the host exactly what it would from the whole row (so a
+//! seed means the same on every device). A walk past the head fetches the row in a second
+//! transfer (a nucleus of over `HEAD` tokens: rare). Everything that crosses goes through
+//! `read_back`, which counts; one transfer per step otherwise.
 //! On the CPU the rows are already in host memory and are read once per step as they are.
 
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
-use crate::generate::{check_mask, settle_step, FinishReason, NonFiniteLogits};
+use crate::generate::{check_mask, settle_step, FinishReason, Head, HeadDraw, NonFiniteLogits};
 
+use super::ranking::{top_m, weight_totals};
 use super::sequence::Sequence;
+
+/// Tokens of a sampled row's order a device ranks and sends back: a top-p nucleus or a
+/// draw rarely walks further (the walk goes on from the whole row when it does).
+pub const HEAD: usize = 256;
 
 /// The only way step code reads a tensor back to the host: one f32 transfer, counted.
 #[allow(clippy::disallowed_methods)]
@@ -22,10 +30,23 @@ pub fn read_back(t: &Tensor, count: &mut u64) -> candle_core::Result<Vec<f32>> {
     t.flatten_all()?.to_dtype(DType::F32)?.to_vec1()
 }
 
-/// What a row needs: its constraint's mask (None: unrestricted) and whether it comes back whole.
+/// How a row comes back from the device.
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    /// Greedy: settled there (argmax, log-sum-exp, the chosen logit).
+    Settled,
+    /// Sampled: the head of its order and its normaliser.
+    Head,
+    /// Sampled with a top-k wider than the head, or on the host: the whole row.
+    Whole,
+}
+
+/// What a row needs: its constraint's mask (None: unrestricted), how it comes back and its
+/// 1/temperature.
 struct Need {
     mask: Option<Vec<bool>>,
-    whole: bool,
+    form: Form,
+    inv_t: f32,
 }
 
 /// Samples one token for each of `seqs` from `logits` `[R, vocab]` (row i for seqs[i]); each
@@ -34,7 +55,7 @@ pub fn sample_rows(logits: &Tensor, seqs: &mut [&mut Sequence], vocab: usize, re
     let on_device = !crate::cpu::host_paths(logits.device());
     let needs: Vec<Result<Need>> = seqs.iter_mut().map(|s| need(s, vocab, on_device)).collect();
     let picks = match on_device {
-        true => pick_on_device(logits, &needs, vocab, reads),
+        true => pick_on_device(logits, &needs, vocab, reads).and_then(|p| draw_heads(logits, seqs, p, vocab, reads)),
         false => pick_on_host(logits, seqs, &needs, vocab, reads),
     };
     let picks = match picks {
@@ -52,15 +73,23 @@ fn need(s: &mut Sequence, vocab: usize, on_device: bool) -> Result<Need> {
     if let Some(m) = &mask {
         check_mask(m)?;
     }
-    Ok(Need { mask, whole: !on_device || !s.sampler.is_greedy() })
+    let form = match (on_device, s.sampler.is_greedy(), s.sampler.head_needed()) {
+        (false, _, _) => Form::Whole,
+        (true, true, _) => Form::Settled,
+        (true, false, Some(k)) if k > HEAD => Form::Whole,
+        (true, false, _) => Form::Head,
+    };
+    Ok(Need { mask, form, inv_t: s.sampler.inv_temperature() })
 }
 
 /// A row's outcome before the sampler sees it.
 enum Pick {
-    /// Settled on the device: (token, log-prob).
+    /// Settled: (token, log-prob).
     Chosen(u32, f32),
-    /// The whole row, for the host sampler.
-    Row(Vec<f32>),
+    /// The whole row, for the host sampler; with the uniform already drawn for it, if any.
+    Row(Vec<f32>, Option<f64>),
+    /// The head of the row's order, and the row's log-sum-exp (temperature 1, unmasked).
+    Head(Head, f32),
     /// The row held a NaN or an infinity.
     NonFinite,
 }
@@ -79,7 +108,13 @@ fn pick_on_host(logits: &Tensor, seqs: &mut [&mut Sequence], needs: &[Result<Nee
         .collect())
 }
 
-/// Greedy rows settled on the device, sampled rows brought back whole: one transfer.
+/// Rows with this form, as device indices.
+fn rows_of(needs: &[Result<Need>], form: Form) -> Vec<u32> {
+    (0..needs.len() as u32).filter(|&i| matches!(&needs[i as usize], Ok(n) if n.form == form)).collect()
+}
+
+/// Greedy rows settled on the device, sampled rows ranked there (their heads) or brought
+/// back whole: one transfer.
 fn pick_on_device(logits: &Tensor, needs: &[Result<Need>], vocab: usize, reads: &mut u64) -> Result<Vec<Result<Pick>>> {
     let (r, dev) = (needs.len(), logits.device());
     let logits = logits.to_dtype(DType::F32)?;
@@ -102,15 +137,24 @@ fn pick_on_device(logits: &Tensor, needs: &[Result<Need>], vocab: usize, reads: 
     let chosen = logits.gather(&ids, D::Minus1)?;
     // 0 for a finite row; NaN as soon as one entry is NaN or infinite (x·0 is NaN for those).
     let finite = logits.affine(0.0, 0.0)?.sum_keepdim(D::Minus1)?;
-    let small = Tensor::cat(&[ids.to_dtype(DType::F32)?, lse, chosen, finite], 1)?.flatten_all()?;
-    let whole: Vec<u32> = (0..r as u32).filter(|&i| matches!(needs[i as usize], Ok(Need { whole: true, .. }))).collect();
-    let both = match whole.is_empty() {
-        true => small,
-        false => Tensor::cat(&[small, logits.index_select(&Tensor::new(whole.as_slice(), dev)?, 0)?.flatten_all()?], 0)?,
-    };
-    let host = read_back(&both, reads)?;
-    let (small, rows) = host.split_at(4 * r);
-    let mut next_row = 0;
+    let mut parts = vec![Tensor::cat(&[ids.to_dtype(DType::F32)?, lse, chosen, finite], 1)?.flatten_all()?];
+    let heads = rows_of(needs, Form::Head);
+    let m = HEAD.min(vocab);
+    if !heads.is_empty() {
+        let x = masked.index_select(&Tensor::new(heads.as_slice(), dev)?, 0)?;
+        let inv_t: Vec<f32> = heads.iter().map(|&i| needs[i as usize].as_ref().map_or(1.0, |n| n.inv_t)).collect();
+        let (vals, top_ids) = top_m(&x, m)?;
+        let (hi, lo) = weight_totals(&x, &vals.narrow(1, 0, 1)?, &Tensor::from_vec(inv_t, (heads.len(), 1), dev)?)?;
+        parts.push(Tensor::cat(&[vals, top_ids.to_dtype(DType::F32)?, hi, lo], 1)?.flatten_all()?);
+    }
+    let whole = rows_of(needs, Form::Whole);
+    if !whole.is_empty() {
+        parts.push(logits.index_select(&Tensor::new(whole.as_slice(), dev)?, 0)?.flatten_all()?);
+    }
+    let host = read_back(&Tensor::cat(&parts, 0)?, reads)?;
+    let (small, rest) = host.split_at(4 * r);
+    let (head_part, rows) = rest.split_at(heads.len() * (2 * m + 2));
+    let (mut next_head, mut next_row) = (0, 0);
     Ok((0..r)
         .map(|i| {
             let n = needs[i].as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
@@ -118,19 +162,69 @@ fn pick_on_device(logits: &Tensor, needs: &[Result<Need>], vocab: usize, reads: 
             if !finite.is_finite() {
                 return Ok(Pick::NonFinite);
             }
-            if n.whole {
-                next_row += 1;
-                return Ok(Pick::Row(rows[(next_row - 1) * vocab..next_row * vocab].to_vec()));
-            }
-            Ok(Pick::Chosen(id as u32, chosen - lse))
+            Ok(match n.form {
+                Form::Settled => Pick::Chosen(id as u32, chosen - lse),
+                Form::Head => {
+                    let h = &head_part[next_head * (2 * m + 2)..(next_head + 1) * (2 * m + 2)];
+                    next_head += 1;
+                    Pick::Head(head_of(h, m, vocab), lse)
+                }
+                Form::Whole => {
+                    next_row += 1;
+                    Pick::Row(rows[(next_row - 1) * vocab..next_row * vocab].to_vec(), None)
+                }
+            })
         })
         .collect())
+}
+
+/// One row's head as it came back (values, ids, total hi, total lo), in the host's order:
+/// value descending, then id ascending (a device sort may break ties either way).
+fn head_of(h: &[f32], m: usize, vocab: usize) -> Head {
+    let mut pairs: Vec<(u32, f32)> = h[m..2 * m].iter().zip(&h[..m]).map(|(&id, &v)| (id as u32, v)).collect();
+    pairs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    Head { ids: pairs.iter().map(|p| p.0).collect(), logits: pairs.iter().map(|p| p.1).collect(), total: h[2 * m] as f64 + h[2 * m + 1] as f64, vocab }
+}
+
+/// Draws every head; the rows whose walk went past their head come back whole, together, in
+/// one more transfer (rare: a nucleus wider than `HEAD` tokens).
+fn draw_heads(logits: &Tensor, seqs: &mut [&mut Sequence], picks: Vec<Result<Pick>>, vocab: usize, reads: &mut u64) -> Result<Vec<Result<Pick>>> {
+    // (row, uniform) of each walk that went past its head.
+    let mut late = vec![];
+    let mut picks: Vec<Option<Result<Pick>>> = picks
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| match p {
+            Ok(Pick::Head(head, lse)) => match seqs[i].sampler.sample_head(&head) {
+                HeadDraw::Token(t) => {
+                    // The masked logit of an allowed token is the model's own.
+                    let logit = head.ids.iter().position(|&x| x == t).map_or(f32::NAN, |k| head.logits[k]);
+                    Some(Ok(Pick::Chosen(t, logit - lse)))
+                }
+                HeadDraw::NeedsRow(u) => {
+                    late.push((i as u32, u));
+                    None
+                }
+            },
+            other => Some(other),
+        })
+        .collect();
+    if !late.is_empty() {
+        let ids: Vec<u32> = late.iter().map(|l| l.0).collect();
+        let rows = read_back(&logits.index_select(&Tensor::new(ids.as_slice(), logits.device())?, 0)?, reads)?;
+        for (k, (i, u)) in late.into_iter().enumerate() {
+            picks[i as usize] = Some(Ok(Pick::Row(rows[k * vocab..(k + 1) * vocab].to_vec(), Some(u))));
+        }
+    }
+    Ok(picks.into_iter().map(|p| p.unwrap_or_else(|| Err(anyhow::anyhow!("a sampled row was neither drawn nor fetched")))).collect())
 }
 
 fn settle(s: &mut Sequence, need: Need, pick: Result<Pick>) -> Result<(u32, f32, bool)> {
     let picked = match pick? {
         Pick::Chosen(tok, lp) => (tok, lp),
-        Pick::Row(row) => s.sampler.sample_row(&row, need.mask.as_deref())?,
+        Pick::Row(row, None) => s.sampler.sample_row(&row, need.mask.as_deref())?,
+        Pick::Row(row, Some(u)) => s.sampler.sample_row_drawn(&row, need.mask.as_deref(), Some(u))?,
+        Pick::Head(..) => anyhow::bail!("a sampled row's head was not drawn"),
         Pick::NonFinite => return Err(NonFiniteLogits(f32::NAN).into()),
     };
     let (generated, total) = (s.generated().len() + 1, s.tokens.len() + 1);
@@ -144,31 +238,79 @@ fn settle(s: &mut Sequence, need: Need, pick: Result<Pick>) -> Result<(u32, f32,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generate::{Sampler, SamplingParams};
     use candle_core::Device;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    fn need(mask: Option<Vec<bool>>, form: Form, inv_t: f32) -> Result<Need> {
+        Ok(Need { mask, form, inv_t })
+    }
 
     /// The device form, run on the CPU: a masked greedy row picks the best allowed token with
-    /// the unmasked model's log-prob, a sampled row comes back whole, a row with a NaN is
+    /// the unmasked model's log-prob, a whole row comes back whole, a row with a NaN is
     /// reported, and all of it is one read-back.
     #[test]
     fn device_picks_equal_the_host_sampler() -> Result<()> {
         let rows = vec![vec![0.5f32, 3.0, 1.0, -2.0], vec![0.1, 0.2, 0.3, 0.4], vec![1.0, f32::NAN, 0.0, 0.0]];
         let logits = Tensor::new(rows.clone(), &Device::Cpu)?;
-        let needs = vec![
-            Ok(Need { mask: Some(vec![true, false, true, true]), whole: false }),
-            Ok(Need { mask: None, whole: true }),
-            Ok(Need { mask: None, whole: false }),
-        ];
+        let needs = vec![need(Some(vec![true, false, true, true]), Form::Settled, 1.0), need(None, Form::Whole, 1.0), need(None, Form::Settled, 1.0)];
         let mut reads = 0;
         let picks = pick_on_device(&logits, &needs, 4, &mut reads)?;
         assert_eq!(reads, 1);
-        let mut host = crate::generate::Sampler::new(Default::default());
+        let mut host = Sampler::new(Default::default());
         let (tok, lp) = host.sample_row(&rows[0], Some(&[true, false, true, true]))?;
         match &picks[0] {
             Ok(Pick::Chosen(t, l)) => assert!(*t == tok && (l - lp).abs() < 1e-6, "{t} {l} vs {tok} {lp}"),
             _ => panic!("row 0 not chosen on the device"),
         }
-        assert!(matches!(&picks[1], Ok(Pick::Row(r)) if *r == rows[1]));
+        assert!(matches!(&picks[1], Ok(Pick::Row(r, None)) if *r == rows[1]));
         assert!(matches!(&picks[2], Ok(Pick::NonFinite)));
+        Ok(())
+    }
+
+    /// A sampled row ranked on the device (its head and normaliser, one read-back) draws the
+    /// token and log-prob the host sampler draws from the whole row with the same seed; a
+    /// walk past the head finishes on the row with the same uniform.
+    #[test]
+    fn device_heads_draw_what_the_host_draws() -> Result<()> {
+        let mut gen = StdRng::seed_from_u64(11);
+        let (mut past_head, mut drawn) = (0, 0);
+        for case in 0..24u64 {
+            let vocab = [3000, 151_936][case as usize % 2];
+            let p = SamplingParams {
+                temperature: [0.7, 1.0, 3.0][case as usize % 3],
+                top_p: [0.9, 0.5, 1.0, 0.999][(case / 3) as usize % 4],
+                top_k: [0, 40][(case / 12) as usize % 2],
+                seed: case,
+                ..Default::default()
+            };
+            let row: Vec<f32> = (0..vocab).map(|_| gen.random::<f32>() * 8.0 - 4.0 + if gen.random::<f32>() < 0.002 { 8.0 } else { 0.0 }).collect();
+            let mask: Option<Vec<bool>> = (case % 5 == 0).then(|| (0..vocab).map(|i| i % 3 != 0).collect());
+            let logits = Tensor::new(vec![row.clone()], &Device::Cpu)?;
+            let (mut host, mut dev) = (Sampler::new(p.clone()), Sampler::new(p.clone()));
+            for _ in 0..2 {
+                let want = host.sample_row(&row, mask.as_deref())?;
+                let mut reads = 0;
+                let picks = pick_on_device(&logits, &[need(mask.clone(), Form::Head, dev.inv_temperature())], vocab, &mut reads)?;
+                assert_eq!(reads, 1);
+                let Ok(Pick::Head(head, lse)) = &picks[0] else { panic!("no head") };
+                assert_eq!(head.ids.len(), HEAD);
+                let got = match dev.sample_head(head) {
+                    HeadDraw::Token(t) => {
+                        drawn += 1;
+                        (t, head.logits[head.ids.iter().position(|&x| x == t).unwrap()] - lse)
+                    }
+                    HeadDraw::NeedsRow(u) => {
+                        past_head += 1;
+                        dev.sample_row_drawn(&row, mask.as_deref(), Some(u))?
+                    }
+                };
+                assert_eq!(got.0, want.0, "case {case}: {p:?}");
+                assert!((got.1 - want.1).abs() < 1e-4, "case {case}: log-prob {} vs {}", got.1, want.1);
+            }
+        }
+        // Both ways occur: heads that suffice and walks that go past them.
+        assert!(drawn > 20 && past_head > 0, "{drawn} drawn from heads, {past_head} past them");
         Ok(())
     }
 }

@@ -4,7 +4,6 @@
 
 use anyhow::{bail, Result};
 use candle_core::Tensor;
-use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use candle_core::Device;
@@ -13,6 +12,9 @@ use crate::chat::Message;
 use crate::models::{DenseCache, MediaGrid, Model, PromptInputs, StepCache};
 use crate::processor::{check_placeholders, Processor};
 use crate::vision::Media;
+
+mod sampler;
+pub use sampler::{check_mask, Head, HeadDraw, Sampler};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {
@@ -77,174 +79,6 @@ pub trait TokenConstraint: Send {
     fn commit(&mut self, token: u32) -> Result<()>;
     /// The constrained output is complete: generation ends without another token.
     fn is_finished(&self) -> bool;
-}
-
-pub struct Sampler {
-    params: SamplingParams,
-    rng: StdRng,
-}
-
-impl Sampler {
-    pub fn new(params: SamplingParams) -> Self {
-        let rng = StdRng::seed_from_u64(params.seed);
-        Sampler { params, rng }
-    }
-
-    /// Picks the next token from f32 logits `[vocab]`; returns (token, model log-prob).
-    pub fn sample(&mut self, logits: &Tensor) -> Result<(u32, f32)> {
-        self.sample_masked(logits, None)
-    }
-
-    /// As `sample`, choosing only among `allowed` tokens. The log-prob stays the unmasked
-    /// model's, so perplexity means the same with and without constraints.
-    pub fn sample_masked(&mut self, logits: &Tensor, allowed: Option<&[bool]>) -> Result<(u32, f32)> {
-        self.sample_row(&logits.to_vec1::<f32>()?, allowed)
-    }
-
-    /// Greedy (temperature 0): the pick is the argmax, which a device can find without the row.
-    pub fn is_greedy(&self) -> bool {
-        self.params.temperature == 0.0
-    }
-
-    /// As `sample_masked`, on a row already on the host.
-    pub fn sample_row(&mut self, raw: &[f32], allowed: Option<&[bool]>) -> Result<(u32, f32)> {
-        if raw.is_empty() {
-            bail!("empty logits");
-        }
-        // One pass over the row being sampled: a reply must never be built on NaN.
-        if let Some(bad) = raw.iter().find(|x| !x.is_finite()) {
-            return Err(NonFiniteLogits(*bad).into());
-        }
-        let lse = log_sum_exp(raw);
-        let masked;
-        let pick_from = match allowed {
-            Some(mask) => {
-                check_mask(mask)?;
-                masked = raw
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &x)| if mask.get(i).copied().unwrap_or(false) { x } else { f32::NEG_INFINITY })
-                    .collect::<Vec<f32>>();
-                &masked
-            }
-            None => raw,
-        };
-        let tok = if self.is_greedy() {
-            argmax(pick_from)
-        } else {
-            self.sample_filtered(pick_from)
-        };
-        Ok((tok, raw[tok as usize] - lse))
-    }
-
-    /// Temperature, top-k and top-p, then one draw walking the candidates in order (value
-    /// descending, then id ascending, so a seed picks the same token on every platform).
-    /// Only as much of that order is built as the walk needs (`Ranked`): a 150k vocabulary is
-    /// never sorted whole, since the nucleus and the draw end within a few hundred tokens.
-    fn sample_filtered(&mut self, logits: &[f32]) -> u32 {
-        let inv_t = 1.0 / self.params.temperature as f32;
-        let limit = match self.params.top_k {
-            0 => logits.len(),
-            k => k.min(logits.len()),
-        };
-        let mut ranked = Ranked::new(logits);
-        let max = logits[ranked.at(0) as usize] * inv_t;
-        let weight = |i: u32| ((logits[i as usize] * inv_t - max) as f64).exp();
-        // The normaliser over what top-k leaves (every token without top-k).
-        let total: f64 = match limit == logits.len() {
-            true => logits.iter().map(|&x| ((x * inv_t - max) as f64).exp()).sum(),
-            false => (0..limit).map(|n| weight(ranked.at(n))).sum(),
-        };
-        // Top-p keeps the shortest head whose mass reaches top_p; `mass` is that head's.
-        let (keep, mass) = match self.params.top_p < 1.0 {
-            true => {
-                let mut cum = 0.0;
-                let mut keep = limit;
-                for n in 0..limit {
-                    cum += weight(ranked.at(n)) / total;
-                    if cum >= self.params.top_p {
-                        keep = n + 1;
-                        break;
-                    }
-                }
-                (keep, cum)
-            }
-            false => (limit, (0..limit).map(|n| weight(ranked.at_if_ranked(n, limit))).sum::<f64>() / total),
-        };
-        let mut r = self.rng.random::<f64>() * mass;
-        for n in 0..keep {
-            r -= weight(ranked.at(n)) / total;
-            if r <= 0.0 {
-                return ranked.at(n);
-            }
-        }
-        // Rounding left a sliver: the last candidate kept, as a full walk would end.
-        ranked.at(keep - 1)
-    }
-}
-
-/// Token ids in sampling order (logit descending, then id ascending), ranked lazily: `at(n)`
-/// selects and sorts only the head up to `n` (each time at least four times the head before),
-/// so a walk that stops early costs one selection pass, not a sort of the vocabulary.
-struct Ranked<'a> {
-    logits: &'a [f32],
-    idx: Vec<u32>,
-    sorted: usize,
-}
-
-impl<'a> Ranked<'a> {
-    fn new(logits: &'a [f32]) -> Self {
-        Ranked { logits, idx: (0..logits.len() as u32).collect(), sorted: 0 }
-    }
-
-    fn at(&mut self, n: usize) -> u32 {
-        if n >= self.sorted {
-            let want = (n + 1).max(self.sorted * 4).max(64).min(self.idx.len());
-            let logits = self.logits;
-            let order = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
-            let rest = &mut self.idx[self.sorted..];
-            let head = want - self.sorted;
-            if head < rest.len() {
-                rest.select_nth_unstable_by(head - 1, order);
-            }
-            rest[..head].sort_unstable_by(order);
-            self.sorted = want;
-        }
-        self.idx[n]
-    }
-
-    /// `at(n)` when the whole of `0..limit` is being summed in any order: without ranking when
-    /// `limit` covers every token (a sum over all of them needs no order).
-    fn at_if_ranked(&mut self, n: usize, limit: usize) -> u32 {
-        match limit == self.idx.len() {
-            true => n as u32,
-            false => self.at(n),
-        }
-    }
-}
-
-/// A constraint's mask must leave a token: otherwise the request fails (alone) with this error.
-pub fn check_mask(mask: &[bool]) -> Result<()> {
-    if !mask.iter().any(|&a| a) {
-        bail!("the output constraint allows no token");
-    }
-    Ok(())
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn log_sum_exp(v: &[f32]) -> f32 {
-    let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let s: f64 = v.iter().map(|x| ((x - m) as f64).exp()).sum();
-    m + s.ln() as f32
 }
 
 /// Vision input of one request in the form HF's processor gives it: the patches of all

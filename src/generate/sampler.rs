@@ -1,0 +1,254 @@
+//! The seeded sampler: greedy, or temperature, top-k and top-p and one draw walking the
+//! candidates in order (logit descending, then id ascending, so a seed picks the same token on
+//! every platform). The walk reads only the head of that order it needs: from a whole row on
+//! the host (`Ranked` builds the head lazily, never sorting a 150k vocabulary), or from a head
+//! a device ranked and sent back alone (`Head`), which is enough unless the walk goes past it.
+
+use anyhow::{bail, Result};
+use candle_core::Tensor;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+use super::{NonFiniteLogits, SamplingParams};
+
+pub struct Sampler {
+    pub(super) params: SamplingParams,
+    rng: StdRng,
+}
+
+/// The first tokens of a row in sampling order, with their (masked) logits, and what the
+/// whole row sums to: what a device sends back instead of the row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Head {
+    pub ids: Vec<u32>,
+    pub logits: Vec<f32>,
+    /// Σ over the whole masked row of exp(logit / T − max / T), in f64.
+    pub total: f64,
+    /// Tokens in the row.
+    pub vocab: usize,
+}
+
+/// A draw over a `Head`: the token, or the uniform drawn when the walk needs the whole row
+/// (the row's draw must reuse it, so the seed's stream stays in step).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum HeadDraw {
+    Token(u32),
+    NeedsRow(f64),
+}
+
+/// Tokens in sampling order; `at(n)` is None past what is known.
+trait Order {
+    fn at(&mut self, n: usize) -> Option<(u32, f32)>;
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let rng = StdRng::seed_from_u64(params.seed);
+        Sampler { params, rng }
+    }
+
+    /// Picks the next token from f32 logits `[vocab]`; returns (token, model log-prob).
+    pub fn sample(&mut self, logits: &Tensor) -> Result<(u32, f32)> {
+        self.sample_masked(logits, None)
+    }
+
+    /// As `sample`, choosing only among `allowed` tokens. The log-prob stays the unmasked
+    /// model's, so perplexity means the same with and without constraints.
+    pub fn sample_masked(&mut self, logits: &Tensor, allowed: Option<&[bool]>) -> Result<(u32, f32)> {
+        self.sample_row(&logits.to_vec1::<f32>()?, allowed)
+    }
+
+    /// Greedy (temperature 0): the pick is the argmax, which a device can find without the row.
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature == 0.0
+    }
+
+    /// 1 / temperature (infinite for greedy, which never uses it).
+    pub fn inv_temperature(&self) -> f32 {
+        1.0 / self.params.temperature as f32
+    }
+
+    /// Tokens a walk may need, when a head of that many is surely enough (top-k within it);
+    /// None when the walk can go anywhere (no top-k: the nucleus has no fixed size).
+    pub fn head_needed(&self) -> Option<usize> {
+        (self.params.top_k > 0).then_some(self.params.top_k)
+    }
+
+    /// As `sample_masked`, on a row already on the host.
+    pub fn sample_row(&mut self, raw: &[f32], allowed: Option<&[bool]>) -> Result<(u32, f32)> {
+        let u = (!self.is_greedy()).then(|| self.rng.random::<f64>());
+        self.sample_row_drawn(raw, allowed, u)
+    }
+
+    /// As `sample_row`, with the uniform already drawn (`NeedsRow`'s); None for greedy.
+    pub fn sample_row_drawn(&mut self, raw: &[f32], allowed: Option<&[bool]>, u: Option<f64>) -> Result<(u32, f32)> {
+        if raw.is_empty() {
+            bail!("empty logits");
+        }
+        // One pass over the row being sampled: a reply must never be built on NaN.
+        if let Some(bad) = raw.iter().find(|x| !x.is_finite()) {
+            return Err(NonFiniteLogits(*bad).into());
+        }
+        let lse = log_sum_exp(raw);
+        let masked;
+        let pick_from = match allowed {
+            Some(mask) => {
+                check_mask(mask)?;
+                masked = raw
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &x)| if mask.get(i).copied().unwrap_or(false) { x } else { f32::NEG_INFINITY })
+                    .collect::<Vec<f32>>();
+                &masked
+            }
+            None => raw,
+        };
+        let tok = match u {
+            None => argmax(pick_from),
+            Some(u) => {
+                let mut ranked = Ranked::new(pick_from);
+                let inv_t = 1.0 / self.params.temperature as f32;
+                let max = pick_from[ranked.at_full(0) as usize] * inv_t;
+                let total = pick_from.iter().map(|&x| ((x * inv_t - max) as f64).exp()).sum();
+                self.walk(&mut ranked, pick_from.len(), total, u).expect("a whole row always completes the walk")
+            }
+        };
+        Ok((tok, raw[tok as usize] - lse))
+    }
+
+    /// A draw from a device's `Head` of the masked row: the token, or `NeedsRow` when the walk
+    /// went past the head (then `sample_row_drawn` with the same uniform finishes it).
+    pub fn sample_head(&mut self, head: &Head) -> HeadDraw {
+        let u = self.rng.random::<f64>();
+        let mut order = HeadOrder(head);
+        match self.walk(&mut order, head.vocab, head.total, u) {
+            Some(tok) => HeadDraw::Token(tok),
+            None => HeadDraw::NeedsRow(u),
+        }
+    }
+
+    /// Top-k, top-p and the draw `u` over `order` of a `vocab`-token row whose weights sum to
+    /// `total_all`; None when `order` ends before the walk does.
+    fn walk(&self, order: &mut dyn Order, vocab: usize, total_all: f64, u: f64) -> Option<u32> {
+        let inv_t = 1.0 / self.params.temperature as f32;
+        let limit = match self.params.top_k {
+            0 => vocab,
+            k => k.min(vocab),
+        };
+        let max = order.at(0)?.1 * inv_t;
+        let mut weight = |n: usize| order.at(n).map(|(id, x)| (id, ((x * inv_t - max) as f64).exp()));
+        // The normaliser over what top-k leaves (every token without top-k).
+        let total = match limit == vocab {
+            true => total_all,
+            false => (0..limit).map(|n| weight(n).map(|w| w.1)).sum::<Option<f64>>()?,
+        };
+        // Top-p keeps the shortest head whose mass reaches top_p; `mass` is that head's (all
+        // of it when nothing is cut: the same sum divided by itself).
+        let (keep, mass) = match self.params.top_p < 1.0 {
+            true => {
+                let mut cum = 0.0;
+                let mut keep = limit;
+                for n in 0..limit {
+                    cum += weight(n)?.1 / total;
+                    if cum >= self.params.top_p {
+                        keep = n + 1;
+                        break;
+                    }
+                }
+                (keep, cum)
+            }
+            false if limit == vocab => (limit, 1.0),
+            false => (limit, (0..limit).map(|n| weight(n).map(|w| w.1)).sum::<Option<f64>>()? / total),
+        };
+        let mut r = u * mass;
+        // The last candidate that can be drawn at all (a masked token weighs nothing).
+        let mut last = order_first(&mut weight)?;
+        for n in 0..keep {
+            let (id, w) = weight(n)?;
+            if w > 0.0 {
+                last = id;
+            }
+            r -= w / total;
+            if r <= 0.0 {
+                return Some(id);
+            }
+        }
+        // Rounding left a sliver: the last candidate kept, as a full walk would end.
+        Some(last)
+    }
+}
+
+fn order_first(weight: &mut dyn FnMut(usize) -> Option<(u32, f64)>) -> Option<u32> {
+    weight(0).map(|w| w.0)
+}
+
+struct HeadOrder<'a>(&'a Head);
+
+impl Order for HeadOrder<'_> {
+    fn at(&mut self, n: usize) -> Option<(u32, f32)> {
+        Some((*self.0.ids.get(n)?, self.0.logits[n]))
+    }
+}
+
+/// Token ids in sampling order, ranked lazily: `at(n)` selects and sorts only the head up to
+/// `n` (each time at least four times the head before), so a walk that stops early costs one
+/// selection pass, not a sort of the vocabulary.
+struct Ranked<'a> {
+    logits: &'a [f32],
+    idx: Vec<u32>,
+    sorted: usize,
+}
+
+impl<'a> Ranked<'a> {
+    fn new(logits: &'a [f32]) -> Self {
+        Ranked { logits, idx: (0..logits.len() as u32).collect(), sorted: 0 }
+    }
+
+    fn at_full(&mut self, n: usize) -> u32 {
+        if n >= self.sorted {
+            let want = (n + 1).max(self.sorted * 4).max(64).min(self.idx.len());
+            let logits = self.logits;
+            let order = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+            let rest = &mut self.idx[self.sorted..];
+            let head = want - self.sorted;
+            if head < rest.len() {
+                rest.select_nth_unstable_by(head - 1, order);
+            }
+            rest[..head].sort_unstable_by(order);
+            self.sorted = want;
+        }
+        self.idx[n]
+    }
+}
+
+impl Order for Ranked<'_> {
+    fn at(&mut self, n: usize) -> Option<(u32, f32)> {
+        (n < self.idx.len()).then(|| {
+            let id = self.at_full(n);
+            (id, self.logits[id as usize])
+        })
+    }
+}
+
+/// A constraint's mask must leave a token: otherwise the request fails (alone) with this error.
+pub fn check_mask(mask: &[bool]) -> Result<()> {
+    if !mask.iter().any(|&a| a) {
+        bail!("the output constraint allows no token");
+    }
+    Ok(())
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn log_sum_exp(v: &[f32]) -> f32 {
+    let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = v.iter().map(|x| ((x - m) as f64).exp()).sum();
+    m + s.ln() as f32
+}
