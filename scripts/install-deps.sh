@@ -5,7 +5,9 @@
 #     libclang-<ver>.so or a versioned libclang.so.<n> / libclang-<ver>.so.<n>. The C++ API library
 #     libclang-cpp.so.<n>, present on a fresh Debian through llvm, is NOT what it loads;
 #   - python3 with venv + ensurepip, for the server tests' pinned openai/ollama clients
-#     (scripts/py-clients.sh; the clients themselves come from PyPI, not apt).
+#     (scripts/py-clients.sh; the clients themselves come from PyPI, not apt);
+#   - util-linux's `script` (Debian: bsdutils, essential, so normally present), which gives
+#     tests/progress.rs the terminal its progress bars draw on.
 #
 # Usage: install-deps.sh [--dry-run]
 #   --dry-run (or MERG_DEPS_DRY_RUN=1) prints what would be installed and changes nothing.
@@ -52,6 +54,7 @@ else
 fi
 have_libclang || need+=(clang libclang-dev)
 "${MERG_PYTHON3:-python3}" -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3 python3-venv)
+command -v script >/dev/null 2>&1 || need+=(bsdutils)
 
 if [ ${#need[@]} -eq 0 ]; then
   [ "$dry_run" = 1 ] && echo "nothing to install"
