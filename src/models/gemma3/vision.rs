@@ -37,7 +37,7 @@ impl SiglipTower {
             .map(|i| {
                 let w = tower.pp("encoder").pp("layers").pp(i);
                 let mlp = Mlp::plain(width, c.intermediate_size, c.hidden_act, w.pp("mlp"))?;
-                PlainVisionBlock::new(width, c.num_attention_heads, &norm, mlp, w)
+                PlainVisionBlock::new(width, c.num_attention_heads, norm, mlp, w)
             })
             .collect::<Result<_>>()?;
         let post_norm = norm(tower.pp("post_layernorm"))?;
