@@ -16,7 +16,8 @@ Checkpoint (tests/fixtures/tiny-gemma3/), in the layout the released google/gemm
 
 Goldens (tests/fixtures/goldens/gemma3/): text, image, two_images, long (prompt far longer than the window, an image in
 the middle), each the prompt ids, positions, f32 logits of the no-cache forward (eager attention), 32 greedy ids and the
-processor's pixel values; plus files_to_tokens.json: the processor's ids for messages with hostile text.
+processor's pixel values; plus files_to_tokens.{json,safetensors}: the processor's ids and pixels for a system prompt,
+trimmed whitespace, two turns and images of other sizes (no Rust test reads them yet).
 """
 from __future__ import annotations
 
@@ -283,7 +284,7 @@ CASES = {
 }
 # System prompt folded into the first turn, whitespace the template trims, two turns, images of other sizes. (Text
 # spelling control tokens is left out: transformers' processor turns it into control tokens, and counts a literal
-# <start_of_image> as an image; the Rust processor keeps such text plain, which tests/gemma3.rs checks by itself.)
+# <start_of_image> as an image; the Rust processor must keep such text plain, a check of its own, not against this.)
 HOSTILE = [
     {"role": "system", "content": [{"type": "text", "text": "Be kind.\n"}]},
     {"role": "user", "content": [{"type": "text", "text": "  Hi there, look: "},
