@@ -937,6 +937,8 @@ def literal_encode(tok, pre, user_text, post, specials):
 
 
 def main():
+    if sys.argv[1:] == ["gemma3"]:  # Gemma 3: its own module (scripts/tiny_gemma3.py)
+        return __import__("tiny_gemma3").make_goldens()
     import torch
     import transformers
 

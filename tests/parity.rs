@@ -276,6 +276,7 @@ fn qwen3_5_chunked_prefill_and_token_by_token_equal_one_shot() {
                 positions: [0, 1, 2].map(|c| full.positions[c][start..start + n].to_vec()),
                 rope_delta: full.rope_delta,
                 deepstack: None,
+                bidirectional: vec![],
             };
             parts.push(forward_logits(&*model, &part, &mut cache, *n).unwrap());
             start += n;

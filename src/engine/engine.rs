@@ -327,6 +327,7 @@ impl Engine {
             prompt_embeds: inputs.embeds,
             prompt_positions: inputs.positions,
             prompt_deepstack: inputs.deepstack,
+            prompt_spans: inputs.bidirectional,
             rope_delta: inputs.rope_delta,
             num_computed: 0,
             table: vec![],
@@ -400,7 +401,7 @@ impl Engine {
             write_slots.extend(self.pool.slots(&s.table, a, b));
             let ctx = self.pool.slots(&s.table, 0, b);
             let recurrent = std::mem::take(&mut s.recurrent);
-            runs.push(SeqRun { start, len: c.len, context_slots: Tensor::new(ctx.as_slice(), &dev)?, slots: ctx, recurrent });
+            runs.push(SeqRun { start, len: c.len, context_slots: Tensor::new(ctx.as_slice(), &dev)?, slots: ctx, recurrent, spans: s.spans_in(a, b) });
             start += c.len;
         }
         let embeds = Tensor::cat(&embeds, 0)?;

@@ -12,8 +12,8 @@ use std::cell::OnceCell;
 use candle_core::{Result, Tensor};
 
 use super::kv_pool::KvPool;
-use crate::layers::{causal_gqa, softmax_f32};
-use crate::models::{RecurrentState, StepCache};
+use crate::layers::{masked_gqa, softmax_f32, Keys};
+use crate::models::{RecurrentState, StepCache, Visibility};
 
 pub struct SeqRun {
     /// First row of this sequence's tokens in the packed step.
@@ -25,6 +25,26 @@ pub struct SeqRun {
     pub slots: Vec<u32>,
     /// The sequence's per-layer recurrent state (empty for models without recurrent layers).
     pub recurrent: Vec<RecurrentState>,
+    /// Bidirectional spans of this run's tokens, as positions in the sequence (half-open).
+    pub spans: Vec<(usize, usize)>,
+}
+
+impl SeqRun {
+    /// Tokens of the sequence before this run.
+    fn past(&self) -> usize {
+        self.slots.len() - self.len
+    }
+
+    fn visibility(&self, window: Option<usize>) -> Visibility<'_> {
+        Visibility { window, spans: &self.spans }
+    }
+
+    /// A one-token run whose query sees every key from `first` on: the decode kernel's case.
+    fn decodes(&self, window: Option<usize>) -> Option<usize> {
+        let (vis, past) = (self.visibility(window), self.past());
+        let first = vis.first_key(past, 1);
+        (self.len == 1 && (first..=past).all(|j| vis.sees(past, j))).then_some(first)
+    }
 }
 
 pub struct PagedStep<'a> {
@@ -32,13 +52,14 @@ pub struct PagedStep<'a> {
     pub runs: Vec<SeqRun>,
     /// Slot of every packed token, broadcast for `KvPool::write`.
     write_index: Tensor,
-    /// The batched path's indices and mask, built at the step's first attention layer.
-    batch: OnceCell<Batch>,
+    /// The batched path's indices and mask, built at the step's first attention layer of each
+    /// window (none, or a sliding layer's).
+    batch: [OnceCell<Batch>; 2],
 }
 
 impl<'a> PagedStep<'a> {
     pub fn new(pool: &'a KvPool, runs: Vec<SeqRun>, write_index: Tensor) -> Self {
-        PagedStep { pool, runs, write_index, batch: OnceCell::new() }
+        PagedStep { pool, runs, write_index, batch: [OnceCell::new(), OnceCell::new()] }
     }
 }
 
@@ -59,19 +80,20 @@ struct Batch {
 }
 
 impl Batch {
-    fn new(runs: &[SeqRun], dev: &candle_core::Device, dtype: candle_core::DType) -> Result<Batch> {
+    fn new(runs: &[SeqRun], window: Option<usize>, dev: &candle_core::Device, dtype: candle_core::DType) -> Result<Batch> {
         let qmax = runs.iter().map(|r| r.len).max().unwrap_or(1);
         let lmax = runs.iter().map(|r| r.slots.len()).max().unwrap_or(1);
         let (mut slots, mut rows, mut mask, mut keep) = (vec![], vec![], vec![], vec![]);
         for (i, r) in runs.iter().enumerate() {
-            let past = r.slots.len() - r.len;
+            let (past, vis) = (r.past(), r.visibility(window));
             slots.extend(r.slots.iter().copied().chain(std::iter::repeat(*r.slots.last().unwrap_or(&0))).take(lmax));
             rows.extend((0..qmax).map(|t| (r.start + t.min(r.len - 1)) as u32));
             keep.extend((0..r.len).map(|t| (i * qmax + t) as u32));
-            // A padded query row sees its run's keys like the last real row (its output is dropped).
+            // A padded query row sees its run's keys like the last real row (its output is dropped),
+            // and no query sees the padding keys.
             for t in 0..qmax {
-                let sees = past + t.min(r.len - 1);
-                mask.extend((0..lmax).map(|j| if j <= sees { 0f32 } else { f32::NEG_INFINITY }));
+                let i = past + t.min(r.len - 1);
+                mask.extend((0..lmax).map(|j| if j < r.slots.len() && vis.sees(i, j) { 0f32 } else { f32::NEG_INFINITY }));
             }
         }
         let r = runs.len();
@@ -89,13 +111,14 @@ impl Batch {
 impl PagedStep<'_> {
     /// All runs in one computation: one gather of every context from the pool, one masked
     /// grouped-query product. `q: [T, H, d]` → `[T, H·d]`, equal to `causal_gqa` per run.
-    fn batched(&self, layer: usize, q: &Tensor, scale: f64) -> Result<Tensor> {
+    fn batched(&self, layer: usize, q: &Tensor, scale: f64, window: Option<usize>) -> Result<Tensor> {
         let (_, h, d) = q.dims3()?;
-        let b = match self.batch.get() {
+        let cell = &self.batch[window.is_some() as usize];
+        let b = match cell.get() {
             Some(b) => b,
             None => {
-                let b = Batch::new(&self.runs, q.device(), q.dtype())?;
-                self.batch.get_or_init(|| b)
+                let b = Batch::new(&self.runs, window, q.device(), q.dtype())?;
+                cell.get_or_init(|| b)
             }
         };
         let (r, kvh) = (self.runs.len(), self.pool.layer(layer).map_err(candle_core::Error::wrap)?.2);
@@ -118,23 +141,24 @@ impl StepCache for PagedStep<'_> {
         self.runs.iter().map(|r| (r.start, r.len)).collect()
     }
 
-    fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+    fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, window: Option<usize>) -> Result<Tensor> {
         self.pool.write(layer, &self.write_index, k, v).map_err(candle_core::Error::wrap)?;
         if !crate::cpu::host_paths(q.device()) {
-            return self.batched(layer, q, scale);
+            return self.batched(layer, q, scale, window);
         }
         // Every one-token run goes through the decode kernel, whatever else shares the step: a
         // sequence's token is then computed the same way whether or not another sequence's
         // prefill chunk is in its step (the two kernels round differently in bf16, and which
-        // steps mix depends on the scheduler, e.g. on prefix sharing).
-        let one: Vec<usize> = (0..self.runs.len()).filter(|&i| self.runs[i].len == 1).collect();
+        // steps mix depends on the scheduler, e.g. on prefix sharing). A sliding layer's
+        // decode reads only the window's slots.
+        let one: Vec<(usize, usize)> = (0..self.runs.len()).filter_map(|i| self.runs[i].decodes(window).map(|f| (i, f))).collect();
         let mut decoded = None;
         if !one.is_empty() {
             let (kp, vp, kv_heads) = self.pool.layer(layer).map_err(candle_core::Error::wrap)?;
-            let queries: Vec<_> = one.iter().map(|&i| crate::cpu::attention::Query { slots: &self.runs[i].slots }).collect();
+            let queries: Vec<_> = one.iter().map(|&(i, first)| crate::cpu::attention::Query { slots: &self.runs[i].slots[first..] }).collect();
             let qd = match one.len() == self.runs.len() {
                 true => q.clone(),
-                false => q.index_select(&Tensor::new(one.iter().map(|&i| self.runs[i].start as u32).collect::<Vec<_>>(), q.device())?, 0)?,
+                false => q.index_select(&Tensor::new(one.iter().map(|&(i, _)| self.runs[i].start as u32).collect::<Vec<_>>(), q.device())?, 0)?,
             };
             decoded = crate::cpu::attention::decode(&qd, kp, vp, kv_heads, &queries, scale as f32)?;
             if let (Some(out), true) = (&decoded, one.len() == self.runs.len()) {
@@ -142,20 +166,35 @@ impl StepCache for PagedStep<'_> {
             }
         }
         let mut outs = Vec::with_capacity(self.runs.len());
-        let mut next_one = 0;
-        for r in &self.runs {
+        let mut next_one = one.iter().map(|&(i, _)| i).peekable();
+        let mut row = 0;
+        for (i, r) in self.runs.iter().enumerate() {
             match &decoded {
-                Some(d) if r.len == 1 => {
-                    outs.push(d.narrow(0, next_one, 1)?);
-                    next_one += 1;
+                Some(d) if next_one.peek() == Some(&i) => {
+                    next_one.next();
+                    outs.push(d.narrow(0, row, 1)?);
+                    row += 1;
                 }
                 _ => {
-                    let (kc, vc) = self.pool.gather(layer, &r.context_slots).map_err(candle_core::Error::wrap)?;
-                    outs.push(causal_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, scale)?);
+                    let (vis, past) = (r.visibility(window), r.past());
+                    let first = vis.first_key(past, r.len);
+                    let (kc, vc) = self.pool.gather(layer, &r.context_slots.narrow(0, first, r.slots.len() - first)?).map_err(candle_core::Error::wrap)?;
+                    outs.push(masked_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, scale, Keys { past, first }, &vis)?);
                 }
             }
         }
         Tensor::cat(&outs, 0)
+    }
+
+    fn set_bidirectional(&mut self, spans: &[(usize, usize)]) -> Result<()> {
+        for r in &mut self.runs {
+            let past = r.past();
+            r.spans = spans.iter().filter(|&&(a, _)| (r.start..r.start + r.len).contains(&a)).map(|&(a, n)| (past + a - r.start, past + a - r.start + n)).collect();
+        }
+        for c in &mut self.batch {
+            c.take();
+        }
+        Ok(())
     }
 
     fn recurrent(&mut self, layer: usize, run: usize) -> Result<&mut RecurrentState> {
@@ -167,6 +206,7 @@ impl StepCache for PagedStep<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layers::causal_gqa;
     use crate::models::{LayerKind, ModelSpec, SpecialIds};
     use candle_core::{DType, Device};
 
@@ -194,7 +234,7 @@ mod tests {
         let contexts: [(Vec<u32>, usize); 4] = [((0..5).collect(), 1), ((8..17).collect(), 1), ((20..27).rev().collect(), 3), ((28..32).collect(), 4)];
         let (mut runs, mut start) = (vec![], 0);
         for (slots, len) in contexts {
-            runs.push(SeqRun { start, len, context_slots: Tensor::new(slots.as_slice(), &dev)?, slots, recurrent: vec![] });
+            runs.push(SeqRun { start, len, context_slots: Tensor::new(slots.as_slice(), &dev)?, slots, recurrent: vec![], spans: vec![] });
             start += len;
         }
         let q = crate::testing::randn(3, (start, 4, 8), 1.0)?;
@@ -205,10 +245,62 @@ mod tests {
         }
         let want = Tensor::cat(&want, 0)?;
         let step = PagedStep::new(&pool, runs, Tensor::zeros(1, DType::U32, &dev)?);
-        let got = step.batched(0, &q, 0.35)?;
+        let got = step.batched(0, &q, 0.35, None)?;
         assert_eq!(got.dims(), want.dims());
         let err = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(err < 1e-6, "{err}");
+        Ok(())
+    }
+
+    /// Sliding-window layers with a bidirectional span: the batched computation, the per-run
+    /// path and the decode kernel over the window's slots all equal `masked_gqa` over the whole
+    /// context with the same visibility.
+    #[test]
+    fn windowed_and_bidirectional_runs_equal_masked_attention() -> anyhow::Result<()> {
+        let spec = ModelSpec {
+            model_type: "test".into(),
+            layers: vec![LayerKind::Attention],
+            num_kv_heads: 2,
+            head_dim: 8,
+            hidden_size: 32,
+            vocab_size: 16,
+            max_context: 64,
+            special: SpecialIds { image: 1, video: 2, vision_start: 3, vision_end: 4, eos: vec![] },
+            vision: None,
+        };
+        let dev = Device::Cpu;
+        let pool = KvPool::new(&spec, 8, 4, DType::F32, &dev)?;
+        let all: Vec<u32> = (0..32).collect();
+        let (k, v) = (crate::testing::randn(4, (32, 2, 8), 1.0)?, crate::testing::randn(5, (32, 2, 8), 1.0)?);
+        pool.write(0, &pool.write_index(&all, &dev)?, &k, &v)?;
+        // (slots, new tokens, spans): a decode, a chunk with an image span reaching back past
+        // the window, a fresh prefill with a span.
+        let contexts: [(Vec<u32>, usize, Vec<(usize, usize)>); 3] = [((0..9).collect(), 1, vec![]), ((10..22).collect(), 6, vec![(3, 9)]), ((24..31).collect(), 7, vec![(1, 5)])];
+        let (mut runs, mut start) = (vec![], 0);
+        for (slots, len, spans) in contexts {
+            runs.push(SeqRun { start, len, context_slots: Tensor::new(slots.as_slice(), &dev)?, slots, recurrent: vec![], spans });
+            start += len;
+        }
+        let q = crate::testing::randn(6, (start, 4, 8), 1.0)?;
+        let window = Some(3);
+        let mut want = vec![];
+        for r in &runs {
+            let (kc, vc) = pool.gather(0, &r.context_slots)?;
+            want.push(masked_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, 0.35, Keys { past: r.past(), first: 0 }, &r.visibility(window))?);
+        }
+        let want = Tensor::cat(&want, 0)?;
+        // The step's new tokens are the last of each context: writing them again changes nothing.
+        let new: Vec<u32> = runs.iter().flat_map(|r| r.slots[r.past()..].to_vec()).collect();
+        let rows = Tensor::new(new.as_slice(), &dev)?;
+        let (kn, vn) = (k.index_select(&rows, 0)?, v.index_select(&rows, 0)?);
+        let mut step = PagedStep::new(&pool, runs, pool.write_index(&new, &dev)?);
+        let batched = step.batched(0, &q, 0.35, window)?;
+        let err = (&batched - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(err < 1e-6, "batched {err}");
+        // The CPU path (decode kernel over the window, gathered runs from their first key).
+        let per_run = step.attend(0, &q, &kn, &vn, 0.35, window)?;
+        let err = (&per_run - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(err < 1e-5, "per run {err}");
         Ok(())
     }
 }

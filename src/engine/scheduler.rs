@@ -77,7 +77,7 @@ impl Scheduler {
             let target = seq.num_computed + n;
             if bm.grow(&mut seq.table, target) {
                 chunks.push(Chunk { seq: id, len: n });
-                budget -= n;
+                budget = budget.saturating_sub(n);
                 i += 1;
                 continue;
             }
@@ -140,7 +140,7 @@ impl Scheduler {
             seq.status = Status::Running;
             let n = seq.next_chunk(budget);
             chunks.push(Chunk { seq: id, len: n });
-            budget -= n;
+            budget = budget.saturating_sub(n);
             self.running.push(id);
         }
         (chunks, overflow)

@@ -30,6 +30,9 @@ pub struct Sequence {
     pub prompt_positions: Positions,
     /// Qwen3-VL: features added inside the first decoder layers at the prompt's media rows.
     pub prompt_deepstack: Option<Deepstack>,
+    /// `(first, len)` prompt runs that attend to each other in both directions (Gemma 3's
+    /// images): a prefill chunk never ends inside one, or its first tokens would miss the rest.
+    pub prompt_spans: Vec<(usize, usize)>,
     pub rope_delta: i64,
     /// Tokens whose K/V are in the pool (and whose effect is in the recurrent state).
     pub num_computed: usize,
@@ -70,10 +73,28 @@ impl Sequence {
     /// point so the state there can be kept.
     pub fn next_chunk(&self, budget: usize) -> usize {
         let n = self.pending().min(budget);
-        match self.snap_at.iter().find(|&&p| p > self.num_computed) {
+        let n = match self.snap_at.iter().find(|&&p| p > self.num_computed) {
             Some(&p) => n.min(p - self.num_computed),
             None => n,
+        };
+        self.whole_spans(n)
+    }
+
+    /// `n` moved so the chunk does not end inside a bidirectional span: back to the span's
+    /// start, or, when the chunk starts inside it, on to its end (past the budget by less than
+    /// one image).
+    fn whole_spans(&self, n: usize) -> usize {
+        let (from, end) = (self.num_computed, self.num_computed + n);
+        match self.prompt_spans.iter().find(|&&(a, l)| a < end && end < a + l) {
+            Some(&(a, _)) if a > from => a - from,
+            Some(&(a, l)) => a + l - from,
+            None => n,
         }
+    }
+
+    /// The bidirectional spans touching tokens `start..end`, as positions `(first, end)`.
+    pub fn spans_in(&self, start: usize, end: usize) -> Vec<(usize, usize)> {
+        self.prompt_spans.iter().filter(|&&(a, l)| a < end && a + l > start).map(|&(a, l)| (a, a + l)).collect()
     }
 
     /// Extra keys for all current tokens (generated tokens are text: 0).

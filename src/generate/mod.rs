@@ -136,6 +136,7 @@ pub fn prepare(model: &dyn Model, ids: &[u32], vision: &VisionInput) -> Result<P
 
 /// f32 logits `[keep, vocab]` of the last `keep` of the `T` tokens run through `cache`.
 pub fn forward_logits(model: &dyn Model, inputs: &PromptInputs, cache: &mut dyn StepCache, keep: usize) -> Result<Tensor> {
+    cache.set_bidirectional(&inputs.bidirectional)?;
     let hidden = model.forward(&inputs.embeds, &inputs.positions, inputs.deepstack.as_ref(), cache)?;
     let t = hidden.dim(0)?;
     let keep = keep.min(t);
@@ -144,7 +145,7 @@ pub fn forward_logits(model: &dyn Model, inputs: &PromptInputs, cache: &mut dyn 
 
 /// Decoder inputs of one generated token `tok` continuing after `past` tokens.
 pub fn decode_inputs(model: &dyn Model, tok: u32, past: usize, rope_delta: i64) -> Result<PromptInputs> {
-    Ok(PromptInputs { embeds: model.embed_tokens(&[tok])?, positions: model.decode_positions(past, 1, rope_delta), rope_delta, deepstack: None })
+    Ok(PromptInputs { embeds: model.embed_tokens(&[tok])?, positions: model.decode_positions(past, 1, rope_delta), rope_delta, deepstack: None, bidirectional: vec![] })
 }
 
 /// Prompt + continuation for one request on a private dense cache: the reference the paged

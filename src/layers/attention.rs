@@ -4,7 +4,7 @@
 use candle_core::{DType, Device, Module, Result, Tensor};
 
 use super::{linear, Fused, Linear, Norm, Rotary};
-use super::step_cache::StepCache;
+use super::step_cache::{StepCache, Visibility};
 use crate::weights::Weights;
 
 /// Decoder self-attention: q/k/v projections, rotary, the step cache's causal attention over
@@ -20,6 +20,10 @@ pub struct SelfAttention {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// Scores' scale: 1/√head_dim, or Gemma 3's `query_pre_attn_scalar`^-½.
+    scale: f64,
+    /// Sliding-window layers (Gemma 3's local layers): keys within this many tokens.
+    window: Option<usize>,
 }
 
 /// Shape and options of one decoder attention block.
@@ -63,7 +67,19 @@ impl SelfAttention {
             heads,
             kv_heads,
             head_dim,
+            scale: 1.0 / (head_dim as f64).sqrt(),
+            window: None,
         })
+    }
+
+    /// Another scale for the scores (Gemma 3 scales by `query_pre_attn_scalar`, not head_dim).
+    pub fn with_scale(self, scale: f64) -> Self {
+        SelfAttention { scale, ..self }
+    }
+
+    /// A sliding-window layer: each query sees the last `window` keys (itself included).
+    pub fn with_window(self, window: Option<usize>) -> Self {
+        SelfAttention { window, ..self }
     }
 
     /// `x: [T, hidden]` of this step; `layer` names the cache slot.
@@ -86,8 +102,7 @@ impl SelfAttention {
         };
         let q = rope.apply(&q, cos, sin)?;
         let k = rope.apply(&k, cos, sin)?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let out = cache.attend(layer, &q, &k, &v.contiguous()?, scale)?;
+        let out = cache.attend(layer, &q, &k, &v.contiguous()?, self.scale, self.window)?;
         let out = match gate {
             Some(g) => (out * candle_nn::ops::sigmoid(&g)?)?,
             None => out,
@@ -100,17 +115,34 @@ impl SelfAttention {
 /// `q: [T, H, d]`, `k, v: [S, KV, d]` (token-major). The causal offset handles prefill, chunked
 /// prefill and decode alike: query `i` sees keys `0..=past+i`.
 pub fn causal_gqa(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+    let past = k.dim(0)? - q.dim(0)?;
+    masked_gqa(q, k, v, scale, Keys { past, first: 0 }, &Visibility { window: None, spans: &[] })
+}
+
+/// Where a run's queries and keys sit in their sequence: queries at `past..past + T`, the
+/// given keys at `first..first + S` (keys before `first` were skipped: none of the queries
+/// sees them).
+#[derive(Clone, Copy, Debug)]
+pub struct Keys {
+    pub past: usize,
+    pub first: usize,
+}
+
+/// Grouped-query attention of `T` queries over `S` keys under `vis` (causal, sliding window,
+/// bidirectional spans). Shapes as `causal_gqa`.
+pub fn masked_gqa(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, at: Keys, vis: &Visibility) -> Result<Tensor> {
     let (t, h, d) = q.dims3()?;
     let (s, kvh, _) = k.dims3()?;
     let groups = h / kvh;
-    let past = s - t;
     // [KV, G*T, d]: each kv head serves its group of query heads without copying K/V.
     let q = q.reshape((t, kvh, groups, d))?.permute((1, 2, 0, 3))?.reshape((kvh, groups * t, d))?;
     let k = k.transpose(0, 1)?.contiguous()?;
     let v = v.transpose(0, 1)?.contiguous()?;
     let mut att = (q.contiguous()?.matmul(&k.t()?)? * scale)?; // [KV, G*T, S]
-    if t > 1 {
-        let mask = causal_mask(t, s, past, att.dtype(), att.device())?; // [T, S]
+    // One causal query over exactly its keys needs no mask (decode).
+    let plain = t == 1 && at.first + s == at.past + 1 && (at.first..=at.past).all(|j| vis.sees(at.past, j));
+    if !plain {
+        let mask = visibility_mask(t, s, at, vis, att.dtype(), att.device())?; // [T, S]
         let mask = mask.repeat((groups, 1))?; // [G*T, S]
         att = att.broadcast_add(&mask)?;
     }
@@ -120,8 +152,13 @@ pub fn causal_gqa(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tens
 }
 
 pub fn causal_mask(t: usize, s: usize, past: usize, dtype: DType, dev: &Device) -> Result<Tensor> {
+    visibility_mask(t, s, Keys { past, first: 0 }, &Visibility { window: None, spans: &[] }, dtype, dev)
+}
+
+/// Additive `[T, S]` mask (0 or −inf) of `T` queries over `S` keys placed as `at` says.
+pub fn visibility_mask(t: usize, s: usize, at: Keys, vis: &Visibility, dtype: DType, dev: &Device) -> Result<Tensor> {
     let mask: Vec<f32> = (0..t)
-        .flat_map(|i| (0..s).map(move |j| if j <= past + i { 0.0 } else { f32::NEG_INFINITY }))
+        .flat_map(|i| (0..s).map(move |j| if vis.sees(at.past + i, at.first + j) { 0.0 } else { f32::NEG_INFINITY }))
         .collect();
     Tensor::from_vec(mask, (t, s), dev)?.to_dtype(dtype)
 }

@@ -31,7 +31,7 @@ pub mod vision;
 use candle_core::{Result, Tensor};
 use serde::{Deserialize, Serialize};
 
-pub use attention::{causal_gqa, causal_mask, dense_attention, softmax_f32};
+pub use attention::{causal_gqa, causal_mask, dense_attention, masked_gqa, softmax_f32, visibility_mask, Keys};
 pub use embedding::Embedding;
 pub use linear::{linear, Fused, Linear};
 pub use mlp::Mlp;

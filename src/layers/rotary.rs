@@ -55,6 +55,13 @@ impl Rotary {
         Rotary { inv_freq, component: layout.components(half), rotary_dim }
     }
 
+    /// Linear rope scaling (transformers' `rope_type: linear`): positions divided by `factor`,
+    /// i.e. every inverse frequency.
+    pub fn linear_scaled(self, factor: f64) -> Self {
+        let inv_freq = self.inv_freq.iter().map(|&f| (f as f64 / factor) as f32).collect();
+        Rotary { inv_freq, ..self }
+    }
+
     pub fn rotary_dim(&self) -> usize {
         self.rotary_dim
     }

@@ -6,7 +6,7 @@
 
 use candle_core::{Device, Module, Result, Tensor};
 
-use super::{apply_rope, dense_attention, linear, Linear, Mlp, Norm};
+use super::{apply_rope, dense_attention, linear, Fused, Linear, Mlp, Norm};
 use crate::weights::Weights;
 
 /// Patch geometry of a tower.
@@ -32,6 +32,13 @@ pub fn patch_embed(width: usize, p: PatchShape, bias: bool, w: Weights) -> Resul
         false => None,
     };
     Ok(Linear::new(conv.reshape((width, p.dim()))?, b))
+}
+
+/// Conv2d with stride == kernel over pre-cut patches (SigLIP): the same matmul, from a
+/// `[width, C, P, P]` kernel.
+pub fn patch_embed_2d(width: usize, p: PatchShape, w: Weights) -> Result<Linear> {
+    let conv = w.get((width, p.in_channels, p.patch, p.patch), "weight")?;
+    Ok(Linear::new(conv.reshape((width, p.dim()))?, Some(w.get(width, "bias")?)))
 }
 
 /// One pre-norm block: x + attn(norm1(x)), then + mlp(norm2(x)). Attention is dense within
@@ -72,6 +79,44 @@ impl VisionBlock {
         }
         let att = self.proj.forward(&Tensor::cat(&outs, 0)?)?;
         let x = (x + att)?;
+        let m = self.mlp.forward(&self.norm2.forward(&x)?)?;
+        x + m
+    }
+}
+
+/// A pre-norm ViT block without rotary, attention over the whole image (SigLIP, as in Gemma 3):
+/// `layer_norm1`, `self_attn.{q,k,v,out}_proj`, `layer_norm2`, `mlp`.
+pub struct PlainVisionBlock {
+    norm1: Norm,
+    norm2: Norm,
+    qkv: Fused,
+    out: Linear,
+    mlp: Mlp,
+    heads: usize,
+}
+
+impl PlainVisionBlock {
+    pub fn new(width: usize, heads: usize, norm: impl Fn(Weights) -> Result<Norm>, mlp: Mlp, w: Weights) -> Result<Self> {
+        let a = w.pp("self_attn");
+        Ok(PlainVisionBlock {
+            norm1: norm(w.pp("layer_norm1"))?,
+            norm2: norm(w.pp("layer_norm2"))?,
+            qkv: Fused::new(vec![linear(width, width, true, a.pp("q_proj"))?, linear(width, width, true, a.pp("k_proj"))?, linear(width, width, true, a.pp("v_proj"))?])?,
+            out: linear(width, width, true, a.pp("out_proj"))?,
+            mlp,
+            heads,
+        })
+    }
+
+    /// `x: [N, width]`, the patches of one image.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (n, width) = x.dims2()?;
+        let d = width / self.heads;
+        let h = self.norm1.forward(x)?;
+        let [q, k, v]: [Tensor; 3] = self.qkv.forward(&h)?.try_into().map_err(|_| candle_core::Error::Msg("q/k/v: three outputs expected".into()))?;
+        let shape = (n, self.heads, d);
+        let att = dense_attention(&q.reshape(shape)?, &k.reshape(shape)?, &v.reshape(shape)?, 1.0 / (d as f64).sqrt())?;
+        let x = (x + self.out.forward(&att)?)?;
         let m = self.mlp.forward(&self.norm2.forward(&x)?)?;
         x + m
     }

@@ -9,7 +9,8 @@ use candle_core::{Result, Tensor};
 use candle_nn::kv_cache::KvCache;
 
 pub use crate::layers::attention::causal_gqa;
-pub use crate::layers::step_cache::{RecurrentState, StepCache};
+use crate::layers::attention::{masked_gqa, Keys};
+pub use crate::layers::step_cache::{RecurrentState, StepCache, Visibility};
 
 /// Rows a dense cache's K/V buffers start with and grow by.
 const KV_CHUNK: usize = 512;
@@ -21,6 +22,8 @@ pub struct DenseCache {
     /// whole cache used to be concatenated every step, quadratic in a long generation).
     kv: Vec<Option<KvCache>>,
     states: HashMap<usize, RecurrentState>,
+    /// The current step's bidirectional spans, as positions in the sequence.
+    spans: Vec<(usize, usize)>,
 }
 
 impl DenseCache {
@@ -37,6 +40,7 @@ impl DenseCache {
     pub fn clear(&mut self) {
         self.kv.clear();
         self.states.clear();
+        self.spans.clear();
     }
 }
 
@@ -45,24 +49,37 @@ impl StepCache for DenseCache {
         vec![(0, total)]
     }
 
-    fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64) -> Result<Tensor> {
+    fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, window: Option<usize>) -> Result<Tensor> {
         if self.kv.len() <= layer {
             self.kv.resize_with(layer + 1, || None);
         }
         let cache = self.kv[layer].get_or_insert_with(|| KvCache::new(0, KV_CHUNK));
         let (k_all, v_all) = cache.append(&k.contiguous()?, &v.contiguous()?)?;
-        // One new token: the CPU kernel the engine's decode uses, over the rows in place.
         let (s, kvh, d) = k_all.dims3()?;
-        let slots: Vec<u32> = (0..s as u32).collect();
-        let fast = match q.dim(0)? {
-            1 if crate::cpu::host_paths(q.device()) => crate::cpu::attention::decode(q, &k_all.reshape((s, kvh * d))?, &v_all.reshape((s, kvh * d))?, kvh, &[crate::cpu::attention::Query { slots: &slots }], scale as f32)?,
+        let t = q.dim(0)?;
+        let past = s - t;
+        let vis = Visibility { window, spans: &self.spans };
+        // Keys no query of the step sees (out of every window) are left out.
+        let first = vis.first_key(past, t);
+        // One new token seeing all its keys: the CPU kernel the engine's decode uses, in place.
+        let fast = match t == 1 && (first..s).all(|j| vis.sees(past, j)) {
+            true if crate::cpu::host_paths(q.device()) => {
+                let slots: Vec<u32> = (first as u32..s as u32).collect();
+                let (kf, vf) = (k_all.reshape((s, kvh * d))?, v_all.reshape((s, kvh * d))?);
+                crate::cpu::attention::decode(q, &kf, &vf, kvh, &[crate::cpu::attention::Query { slots: &slots }], scale as f32)?
+            }
             _ => None,
         };
-        let out = match fast {
-            Some(o) => o,
-            None => causal_gqa(q, &k_all, &v_all, scale)?,
-        };
-        Ok(out)
+        match fast {
+            Some(o) => Ok(o),
+            None => masked_gqa(q, &k_all.narrow(0, first, s - first)?, &v_all.narrow(0, first, s - first)?, scale, Keys { past, first }, &vis),
+        }
+    }
+
+    fn set_bidirectional(&mut self, spans: &[(usize, usize)]) -> Result<()> {
+        let past = self.len();
+        self.spans = spans.iter().map(|&(a, n)| (past + a, past + a + n)).collect();
+        Ok(())
     }
 
     fn recurrent(&mut self, layer: usize, run: usize) -> Result<&mut RecurrentState> {
@@ -86,11 +103,11 @@ mod tests {
         let k = crate::testing::randn(111, (t, kvh, d), 1.)?;
         let v = crate::testing::randn(112, (t, kvh, d), 1.)?;
         let mut one = DenseCache::new();
-        let full = one.attend(0, &q, &k, &v, 0.3)?;
+        let full = one.attend(0, &q, &k, &v, 0.3, None)?;
         let mut chunked = DenseCache::new();
         let mut parts = vec![];
         for (start, len) in [(0, 3), (3, 1), (4, 3)] {
-            parts.push(chunked.attend(0, &q.narrow(0, start, len)?, &k.narrow(0, start, len)?, &v.narrow(0, start, len)?, 0.3)?);
+            parts.push(chunked.attend(0, &q.narrow(0, start, len)?, &k.narrow(0, start, len)?, &v.narrow(0, start, len)?, 0.3, None)?);
         }
         let joined = Tensor::cat(&parts, 0)?;
         let diff = (full - joined)?.abs()?.max_all()?.to_scalar::<f32>()?;

@@ -37,6 +37,30 @@ pub struct DecoderConfig {
     pub moe: Option<(MoeShape, Vec<bool>)>,
     /// Gated DeltaNet mixers, and which layers have one (the others attend).
     pub linear: Option<(DeltaNetShape, Vec<bool>)>,
+    /// Gemma 3's layer layout; `None` for the Qwen decoders.
+    pub gemma: Option<GemmaLayout>,
+}
+
+/// What Gemma 3 changes in the layers: norms after attention and after the feed-forward too
+/// (besides before each), embeddings scaled by √hidden, its own query scale, and local
+/// (sliding-window) layers with their own rope base between global ones.
+#[derive(Clone, Debug)]
+pub struct GemmaLayout {
+    /// Scores' scale, `query_pre_attn_scalar`^-½.
+    pub query_scale: f64,
+    pub sliding_window: usize,
+    /// Which layers are local (sliding-window).
+    pub sliding: Vec<bool>,
+    /// Rope base of the local layers (`rope_local_base_freq`); global layers use `rope_theta`.
+    pub local_rope_theta: f64,
+    /// Linear rope scaling of the global layers (positions divided by it); 1 for none.
+    pub global_rope_factor: f64,
+}
+
+impl GemmaLayout {
+    fn window(&self, layer: usize) -> Option<usize> {
+        self.sliding.get(layer).copied().unwrap_or(false).then_some(self.sliding_window)
+    }
 }
 
 impl DecoderConfig {
@@ -71,8 +95,9 @@ impl DecoderConfig {
             linear += v * h;
         }
         let (q, kv) = ((a.heads * a.head_dim) as u64, (a.kv_heads * a.head_dim) as u64);
+        let norms_per_layer = if self.gemma.is_some() { 4 } else { 2 };
         for i in 0..self.num_layers {
-            other += 2 * h;
+            other += norms_per_layer * h;
             match self.is_linear(i) {
                 Some(s) => {
                     let (cd, vd, hv) = (s.conv_dim() as u64, s.value_dim() as u64, s.dims.v_heads as u64);
@@ -110,11 +135,55 @@ impl DecoderConfig {
         l + o - idle
     }
 
+    /// Layer `i`'s attention: Gemma 3's query scale and, on local layers, its window.
+    fn attention_layer(&self, i: usize, w: Weights) -> Result<SelfAttention> {
+        let a = SelfAttention::new(self.attention, w)?;
+        Ok(match &self.gemma {
+            Some(g) => a.with_scale(g.query_scale).with_window(g.window(i)),
+            None => a,
+        })
+    }
+
+    /// Layer `i`'s norms around its mixer and feed-forward (Gemma 3: four of them).
+    fn layer(&self, mixer: Mixer, ffn: Ffn, i: usize, lw: &Weights) -> Result<DecoderLayer> {
+        let h = self.hidden();
+        let input_norm = self.norm(h, lw.pp("input_layernorm"))?;
+        Ok(match &self.gemma {
+            Some(g) => DecoderLayer {
+                mixer,
+                ffn,
+                input_norm,
+                attn_out_norm: Some(self.norm(h, lw.pp("post_attention_layernorm"))?),
+                ffn_norm: self.norm(h, lw.pp("pre_feedforward_layernorm"))?,
+                ffn_out_norm: Some(self.norm(h, lw.pp("post_feedforward_layernorm"))?),
+                local_rope: g.window(i).is_some(),
+            },
+            None => DecoderLayer { mixer, ffn, input_norm, attn_out_norm: None, ffn_norm: self.norm(h, lw.pp("post_attention_layernorm"))?, ffn_out_norm: None, local_rope: false },
+        })
+    }
+
     fn norm(&self, dim: usize, w: Weights) -> Result<Norm> {
         match self.norm_offset {
             true => Norm::rms_offset(dim, self.rms_norm_eps, w),
             false => Norm::rms(dim, self.rms_norm_eps, w),
         }
+    }
+}
+
+fn optional_norm(norm: &Option<Norm>, x: Tensor) -> Result<Tensor> {
+    match norm {
+        Some(n) => n.forward(&x),
+        None => Ok(x),
+    }
+}
+
+/// `x` as the nearest value of `dtype` (a scalar transformers casts to the weights' dtype).
+fn rounded_to(dtype: DType, x: f64) -> f64 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f64(x).to_f64(),
+        DType::F16 => half::f16::from_f64(x).to_f64(),
+        DType::F32 => x as f32 as f64,
+        _ => x,
     }
 }
 
@@ -133,7 +202,15 @@ struct DecoderLayer {
     mixer: Mixer,
     ffn: Ffn,
     input_norm: Norm,
-    post_attn_norm: Norm,
+    /// Gemma 3: the attention's output is normed before the residual add.
+    attn_out_norm: Option<Norm>,
+    /// Before the feed-forward (Qwen's `post_attention_layernorm`, Gemma's
+    /// `pre_feedforward_layernorm`).
+    ffn_norm: Norm,
+    /// Gemma 3: the feed-forward's output is normed before the residual add.
+    ffn_out_norm: Option<Norm>,
+    /// Local layers: the global (default) or local rope tables.
+    local_rope: bool,
 }
 
 pub struct Decoder {
@@ -142,6 +219,10 @@ pub struct Decoder {
     norm: Norm,
     lm_head: Linear,
     rope: Rotary,
+    /// Gemma 3's local layers' rope (their own base, no scaling).
+    local_rope: Option<Rotary>,
+    /// Gemma 3: embeddings times √hidden, rounded to the weights' dtype as transformers does.
+    embed_scale: Option<f64>,
     cfg: DecoderConfig,
 }
 
@@ -164,14 +245,9 @@ impl Decoder {
             };
             let mixer = match cfg.is_linear(i) {
                 Some(s) => Mixer::Linear(GatedDeltaNet::new(s, cfg.rms_norm_eps, lw.pp("linear_attn"))?),
-                None => Mixer::Attention(SelfAttention::new(cfg.attention, lw.pp("self_attn"))?),
+                None => Mixer::Attention(cfg.attention_layer(i, lw.pp("self_attn"))?),
             };
-            layers.push(DecoderLayer {
-                mixer,
-                ffn,
-                input_norm: cfg.norm(h, lw.pp("input_layernorm"))?,
-                post_attn_norm: cfg.norm(h, lw.pp("post_attention_layernorm"))?,
-            });
+            layers.push(cfg.layer(mixer, ffn, i, &lw)?);
         }
         let norm = cfg.norm(h, w.pp("norm"))?;
         let lm_head = match embed.dense() {
@@ -185,8 +261,14 @@ impl Decoder {
             None if cfg.tie_word_embeddings => crate::layers::linear(h, cfg.vocab_size, false, w.pp("embed_tokens"))?,
             _ => crate::layers::linear(h, cfg.vocab_size, false, root.pp("lm_head"))?,
         };
-        let rope = Rotary::new(cfg.rotary_dim, cfg.rope_theta, &cfg.rope);
-        Ok(Decoder { embed, layers, norm, lm_head, rope, cfg: cfg.clone() })
+        let mut rope = Rotary::new(cfg.rotary_dim, cfg.rope_theta, &cfg.rope);
+        let (mut local_rope, mut embed_scale) = (None, None);
+        if let Some(g) = &cfg.gemma {
+            rope = rope.linear_scaled(g.global_rope_factor);
+            local_rope = Some(Rotary::new(cfg.rotary_dim, g.local_rope_theta, &cfg.rope));
+            embed_scale = Some(rounded_to(embed.dtype(), (h as f64).sqrt()));
+        }
+        Ok(Decoder { embed, layers, norm, lm_head, rope, local_rope, embed_scale, cfg: cfg.clone() })
     }
 
     pub fn config(&self) -> &DecoderConfig {
@@ -201,9 +283,13 @@ impl Decoder {
         self.embed.device()
     }
 
-    /// Token embeddings `[T, hidden]`.
+    /// Token embeddings `[T, hidden]` (Gemma 3: scaled).
     pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
-        self.embed.lookup(ids)
+        let x = self.embed.lookup(ids)?;
+        match self.embed_scale {
+            Some(s) => x * s,
+            None => Ok(x),
+        }
     }
 
     /// Runs the decoder over `T` new tokens; returns final-normed hidden states `[T, hidden]`.
@@ -214,6 +300,10 @@ impl Decoder {
 
     fn forward_layers(&self, embeds: &Tensor, positions: &Positions, deepstack: Option<&Deepstack>, cache: &mut dyn StepCache) -> Result<Tensor> {
         let (cos, sin) = self.rope.tables(positions, self.device())?;
+        let local = match &self.local_rope {
+            Some(r) => Some(r.tables(positions, self.device())?),
+            None => None,
+        };
         let hidden = self.cfg.hidden();
         let deep = match deepstack {
             Some(d) if !d.rows.is_empty() => Some((Tensor::new(d.rows.as_slice(), self.device())?, d)),
@@ -222,16 +312,22 @@ impl Decoder {
         let mut x = embeds.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_norm.forward(&x)?;
+            let (rope, cos, sin) = match (&local, &self.local_rope) {
+                (Some((c, s)), Some(r)) if layer.local_rope => (r, c, s),
+                _ => (&self.rope, &cos, &sin),
+            };
             let h = match &layer.mixer {
-                Mixer::Attention(a) => a.forward(&h, &self.rope, &cos, &sin, i, cache)?,
+                Mixer::Attention(a) => a.forward(&h, rope, cos, sin, i, cache)?,
                 Mixer::Linear(l) => l.forward(&h, i, cache)?,
             };
+            let h = optional_norm(&layer.attn_out_norm, h)?;
             let x1 = crate::layers::add(&x, &h)?;
-            let h = layer.post_attn_norm.forward(&x1)?;
+            let h = layer.ffn_norm.forward(&x1)?;
             let h = match &layer.ffn {
                 Ffn::Dense(m) => m.forward(&h)?,
                 Ffn::Sparse(m) => m.forward(&h)?,
             };
+            let h = optional_norm(&layer.ffn_out_norm, h)?;
             x = crate::layers::add(&x1, &h)?;
             // DeepStack: level i of the visual features joins the residual after layer i.
             if let Some((rows, d)) = &deep {

@@ -11,6 +11,7 @@
 pub mod cache;
 pub mod cost;
 pub mod decoder;
+pub mod gemma3;
 pub mod media;
 pub mod position;
 pub mod qwen2_vl;
@@ -23,7 +24,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
-pub use cache::{DenseCache, RecurrentState, StepCache};
+pub use cache::{DenseCache, RecurrentState, StepCache, Visibility};
 pub use media::Deepstack;
 pub use registry::{load, param_counts, supported_model_types};
 pub use vlm::{FamilyConfig, VisionEncoder, VisionLanguageModel};
@@ -203,6 +204,9 @@ pub struct PromptInputs {
     pub positions: Positions,
     pub rope_delta: i64,
     pub deepstack: Option<Deepstack>,
+    /// `(first, len)` token runs of the prompt that attend to each other in both directions
+    /// (Gemma 3: each image's tokens); empty for causal-only families.
+    pub bidirectional: Vec<(usize, usize)>,
 }
 
 /// A loaded model, as the engine drives it.

@@ -38,6 +38,18 @@ pub struct VisionLanguageModel {
     pub vision: Box<dyn VisionEncoder>,
     rope: RopeParams,
     spec: ModelSpec,
+    prompt: PromptStyle,
+}
+
+/// A family's prompt conventions beyond its rope parameters.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PromptStyle {
+    /// 1-D positions `0..L` for every token, media included (Gemma 3), instead of the M-RoPE
+    /// index.
+    pub sequential_positions: bool,
+    /// Each image's tokens attend to each other in both directions (Gemma 3, as transformers'
+    /// `token_type_ids` mask).
+    pub bidirectional_images: bool,
 }
 
 impl VisionLanguageModel {
@@ -53,14 +65,32 @@ impl VisionLanguageModel {
         let build = || -> Result<Self> {
             let text = text().context("text decoder")?;
             let vision = vision().context("vision tower")?;
-            Ok(VisionLanguageModel { text, vision, rope, spec })
+            Ok(VisionLanguageModel { text, vision, rope, spec, prompt: PromptStyle::default() })
         };
         build().with_context(|| format!("checkpoint [{}] does not match its config.json", weights.describe()))
     }
 
-    /// Position ids `[3][L]` and the rope delta, equal to transformers' `get_rope_index`.
+    /// The same model with other prompt conventions.
+    pub fn with_prompt_style(self, prompt: PromptStyle) -> Self {
+        VisionLanguageModel { prompt, ..self }
+    }
+
+    /// Position ids `[3][L]` and the rope delta, equal to transformers' `get_rope_index` (or
+    /// `0..L` with sequential positions).
     pub fn rope_index(&self, ids: &[u32], media: &[MediaGrid]) -> Result<(Positions, i64)> {
+        if self.prompt.sequential_positions {
+            let p: Vec<i64> = (0..ids.len() as i64).collect();
+            return Ok(([p.clone(), p.clone(), p], 0));
+        }
         mrope_index(ids, media, &self.rope)
+    }
+
+    /// `(first, len)` of every run of image placeholders, when images attend bidirectionally.
+    fn bidirectional(&self, ids: &[u32]) -> Vec<(usize, usize)> {
+        if !self.prompt.bidirectional_images {
+            return vec![];
+        }
+        image_runs(ids, self.rope.image_token)
     }
 
     fn hidden(&self) -> usize {
@@ -125,7 +155,7 @@ impl Model for VisionLanguageModel {
         let text = self.text.embed(ids)?;
         let embeds = splice_features(&text, ids, self.rope.image_token, self.rope.video_token, img.as_ref(), vid.as_ref())?;
         let deepstack = self.deepstack(ids, features)?;
-        Ok(PromptInputs { embeds, positions, rope_delta, deepstack })
+        Ok(PromptInputs { embeds, positions, rope_delta, deepstack, bidirectional: self.bidirectional(ids) })
     }
 
     fn embed_tokens(&self, ids: &[u32]) -> Result<Tensor> {
@@ -141,5 +171,27 @@ impl Model for VisionLanguageModel {
 
     fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         Ok(self.text.logits(hidden)?)
+    }
+}
+
+/// `(first, len)` of every maximal run of `token` in `ids` (transformers' image groups).
+pub fn image_runs(ids: &[u32], token: u32) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = vec![];
+    for (i, &t) in ids.iter().enumerate() {
+        match runs.last_mut() {
+            Some((a, n)) if t == token && *a + *n == i => *n += 1,
+            _ if t == token => runs.push((i, 1)),
+            _ => {}
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn image_runs_are_maximal_runs() {
+        assert_eq!(super::image_runs(&[1, 9, 9, 2, 9, 3, 9, 9, 9], 9), vec![(1, 2), (4, 1), (6, 3)]);
+        assert!(super::image_runs(&[1, 2], 9).is_empty());
     }
 }

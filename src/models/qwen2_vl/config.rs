@@ -91,6 +91,7 @@ impl TextConfig {
             tie_word_embeddings: self.tie_word_embeddings,
             moe: None,
             linear: None,
+            gemma: None,
         }
     }
 }

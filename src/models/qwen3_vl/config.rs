@@ -299,6 +299,7 @@ impl Config {
             tie_word_embeddings: t.tie_word_embeddings,
             moe,
             linear: None,
+            gemma: None,
         }
     }
 }
@@ -319,6 +320,7 @@ fn placeholder_decoder() -> DecoderConfig {
         tie_word_embeddings: false,
         moe: None,
         linear: None,
+        gemma: None,
     }
 }
 
