@@ -56,8 +56,8 @@ pub struct VitShape {
     pub eps: f64,
 }
 
-/// A ViT encoder layer as HF's CLIP writes it: x + attn(layer_norm1(x)), then
-/// + mlp(layer_norm2(x)); biased `self_attn.{q,k,v}_proj` and `out_proj`, no rotary (positions
+/// A ViT encoder layer as HF's CLIP writes it: x + attn(layer_norm1(x)), then adds
+/// mlp(layer_norm2(x)); biased `self_attn.{q,k,v}_proj` and `out_proj`, no rotary (positions
 /// are learned and added before the first layer). Attention never crosses a segment (a tile).
 pub struct VitLayer {
     norm1: Norm,
