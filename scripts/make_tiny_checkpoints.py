@@ -794,6 +794,8 @@ def check_tokenizer_json(out: Path, tok, fam):
 def main():
     if sys.argv[1:] == ["gemma3"]:  # Gemma 3: its own module (scripts/tiny_gemma3.py)
         return __import__("tiny_gemma3").make_checkpoint()
+    if sys.argv[1:] == ["llava_next"]:  # LLaVA-NeXT lives in its own file
+        return __import__("tiny_llava_next").make_checkpoint()
     for f in requested_families(sys.argv[1:]):
         make(f)
 

@@ -28,7 +28,12 @@ pub struct Processor {
 }
 
 impl Processor {
-    pub fn new(tokenizer: Arc<ChatTokenizer>, preprocessor: PreprocessorConfig, spec: &ModelSpec) -> Self {
+    pub fn new(tokenizer: Arc<ChatTokenizer>, mut preprocessor: PreprocessorConfig, spec: &ModelSpec) -> Self {
+        // Any-resolution tiles are cut into the model's patches (LLaVA-NeXT's image processor
+        // config names no patch size; its processor_config.json repeats the model's).
+        if let Some(v) = spec.vision.as_ref().filter(|v| v.anyres.is_some()) {
+            preprocessor.patch_size = v.patch_size;
+        }
         Processor { tokenizer, preprocessor, vision: spec.vision.clone() }
     }
 
@@ -40,14 +45,15 @@ impl Processor {
         }
         let t = self.tokenizer.special();
         let s = &spec.special;
+        // A tokenizer without video or marker tokens (LLaVA's) is checked on its image token.
         for (name, tok, cfg) in [
-            ("<|image_pad|>", t.image_pad, s.image),
-            ("<|video_pad|>", t.video_pad, s.video),
-            ("<|vision_start|>", t.vision_start, s.vision_start),
-            ("<|vision_end|>", t.vision_end, s.vision_end),
+            ("image", t.image_pad, s.image),
+            ("video", t.video_pad, s.video),
+            ("vision-start", t.vision_start, s.vision_start),
+            ("vision-end", t.vision_end, s.vision_end),
         ] {
-            if tok != cfg {
-                bail!("the tokenizer's {name} is id {tok} but the model config says {cfg}: tokenizer and config come from different checkpoints");
+            if tok != cfg && tok != crate::tokenizer::SpecialTokens::NONE {
+                bail!("the tokenizer's {name} token is id {tok} but the model config says {cfg}: tokenizer and config come from different checkpoints");
             }
         }
         Ok(())
@@ -71,15 +77,23 @@ impl Processor {
             Media::Video { frames, .. } => frames.len(),
             Media::Image(_) => 0,
         };
-        let grid = MediaGrid { thw: patches.grid_thw, is_video, second_per_grid: secs, frames };
+        let size = match m {
+            Media::Image(img) => [img.height() as usize, img.width() as usize],
+            Media::Video { frames, .. } => frames.first().map_or([0, 0], |f| [f.height() as usize, f.width() as usize]),
+        };
+        let grid = MediaGrid { thw: patches.grid_thw, is_video, second_per_grid: secs, frames, size };
         Ok(MediaItem { patches, grid })
     }
 
     /// The grid an item of these (frames, height, width) gets, without touching pixels
     /// (`smart_resize` on the size alone). Videos are padded to whole temporal patches.
     pub fn grid_for(&self, (frames, h, w): (usize, usize, usize), is_video: bool, fps: f64) -> Result<MediaGrid> {
-        self.vision()?;
+        let v = self.vision()?;
         let p = &self.preprocessor;
+        if let (Some(a), false) = (&p.anyres, is_video) {
+            let side = a.tile / v.patch_size.max(1);
+            return Ok(MediaGrid { thw: [a.tiles([h, w]), side, side], size: [h, w], ..MediaGrid::image([1, 1, 1]) });
+        }
         let (rh, rw) = match p.video_budget {
             Some((lo, hi)) if is_video && frames > 1 => vision::preprocess::smart_resize_video(frames, h, w, p.temporal_patch_size, p.factor(), lo, hi)?,
             _ => vision::smart_resize(h, w, p.factor(), p.min_pixels, p.max_pixels)?,
@@ -87,7 +101,7 @@ impl Processor {
         let t = if is_video { frames.div_ceil(p.temporal_patch_size) } else { 1 };
         let secs = if is_video { p.temporal_patch_size as f64 / fps } else { 0.0 };
         let frames = if is_video { frames } else { 0 };
-        Ok(MediaGrid { thw: [t, rh / p.patch_size, rw / p.patch_size], is_video, second_per_grid: secs, frames })
+        Ok(MediaGrid { thw: [t, rh / p.patch_size, rw / p.patch_size], is_video, second_per_grid: secs, frames, size: [h, w] })
     }
 
     /// Prompt token ids with each placeholder expanded to its item's merged-token count

@@ -26,23 +26,70 @@ pub enum TokenizerJson {
     Text { origin: String, text: std::sync::Arc<str> },
 }
 
-/// Ids of the Qwen2-VL control tokens.
+/// Ids of the control tokens a chat needs, in either vocabulary convention merg reads: Qwen's
+/// (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, `<|image_pad|>`, `<|video_pad|>`, the vision
+/// markers) or LLaMA's as LLaVA ships it (`</s>` ends turn and text, `<image>`, and no turn
+/// start, video or marker tokens: those are `NONE`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpecialTokens {
+    /// Ends the text (`<|endoftext|>`, `</s>`).
     pub endoftext: u32,
     pub im_start: u32,
+    /// Ends an assistant turn (`<|im_end|>`, `</s>`).
     pub im_end: u32,
     pub vision_start: u32,
     pub vision_end: u32,
+    /// The image placeholder the processor expands (`<|image_pad|>`, `<image>`).
     pub image_pad: u32,
     pub video_pad: u32,
     pub vision_pad: u32,
+}
+
+impl SpecialTokens {
+    /// The id of a token the vocabulary does not have: no tokenizer yields it, so comparing a
+    /// token with it is always false.
+    pub const NONE: u32 = u32::MAX;
+
+    /// The convention `id` resolves, or the tokens neither convention found.
+    fn lookup(id: impl Fn(&str) -> Option<u32>) -> std::result::Result<Self, String> {
+        if id("<|im_end|>").is_some() || id("<|image_pad|>").is_some() {
+            let need = |name: &str| id(name).ok_or_else(|| format!("the Qwen2-VL special token {name}"));
+            return Ok(SpecialTokens {
+                endoftext: need("<|endoftext|>")?,
+                im_start: need("<|im_start|>")?,
+                im_end: need("<|im_end|>")?,
+                vision_start: need("<|vision_start|>")?,
+                vision_end: need("<|vision_end|>")?,
+                image_pad: need("<|image_pad|>")?,
+                video_pad: need("<|video_pad|>")?,
+                vision_pad: need("<|vision_pad|>")?,
+            });
+        }
+        match (id("</s>"), id("<image>")) {
+            (Some(eos), Some(image_pad)) => {
+                let none = Self::NONE;
+                Ok(SpecialTokens { endoftext: eos, im_start: none, im_end: eos, vision_start: none, vision_end: none, image_pad, video_pad: none, vision_pad: none })
+            }
+            _ => Err("the media tokens of either convention (Qwen's <|image_pad|> and <|im_end|>, or LLaVA's <image> and </s>)".into()),
+        }
+    }
+
+    fn is_media(&self, id: u32) -> bool {
+        id == self.image_pad || id == self.video_pad
+    }
 }
 
 /// A tokenizer plus (optionally) the checkpoint's chat template.
 pub struct ChatTokenizer {
     full: Tokenizer,
     plain: Tokenizer,
+    /// A SentencePiece-style tokenizer (Metaspace, prepend scheme "first") marks a word start
+    /// only at the very start of the input: HF tokenizes the text after an added token without
+    /// it. This is `plain` without the mark, for those segments; `None` where they are alike.
+    plain_inner: Option<Tokenizer>,
+    /// What the post-processor puts around a prompt (LLaMA's `<s>`), as the HF processor
+    /// tokenizes with special tokens added.
+    affixes: (Vec<u32>, Vec<u32>),
     /// (content, id) of every added token, longest first so matching prefers the longest.
     added: Vec<(String, u32)>,
     added_ids: HashSet<u32>,
@@ -132,22 +179,10 @@ impl ChatTokenizer {
         added.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
         let added_ids = added.iter().map(|(_, id)| *id).collect();
 
-        let id = |name: &str| full.token_to_id(name).ok_or(name.to_string());
-        let lookup = || -> std::result::Result<SpecialTokens, String> {
-            Ok(SpecialTokens {
-                endoftext: id("<|endoftext|>")?,
-                im_start: id("<|im_start|>")?,
-                im_end: id("<|im_end|>")?,
-                vision_start: id("<|vision_start|>")?,
-                vision_end: id("<|vision_end|>")?,
-                image_pad: id("<|image_pad|>")?,
-                video_pad: id("<|video_pad|>")?,
-                vision_pad: id("<|vision_pad|>")?,
-            })
-        };
-        let special = lookup().map_err(|missing| {
-            anyhow!("{origin}: the Qwen2-VL special token {missing} is not in the vocabulary")
-        })?;
+        let special = SpecialTokens::lookup(|name| full.token_to_id(name))
+            .map_err(|missing| anyhow!("{origin}: {missing} is not in the vocabulary"))?;
+        let plain_inner = without_first_mark(&plain);
+        let affixes = affixes(&full).map_err(|e| anyhow!("{origin}: {e}"))?;
         let template = match chat_template {
             Some(src) => Some(
                 ChatTemplate::new(&src)
@@ -160,6 +195,8 @@ impl ChatTokenizer {
         Ok(Self {
             full,
             plain,
+            plain_inner,
+            affixes,
             added,
             added_ids,
             special,
@@ -188,16 +225,8 @@ impl ChatTokenizer {
     /// Tokenizes data text. Never yields added/special tokens: `"<|im_end|>"` in the text
     /// becomes ordinary byte-level pieces.
     pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .plain
-            .encode(text, false)
-            .map_err(|e| anyhow!("tokenizing {} bytes of text failed: {e}", text.len()))?;
-        let ids = enc.get_ids().to_vec();
-        // Guard against vocabularies whose BPE could still reach an added token's id.
-        if let Some(bad) = ids.iter().find(|i| self.added_ids.contains(i)) {
-            bail!("text tokenized to the added token id {bad}; refusing to let data produce a control token");
-        }
-        Ok(ids)
+        // The check guards against vocabularies whose BPE could still reach an added token's id.
+        self.checked(&self.plain, text)
     }
 
     /// Tokenizes `text` as HF would, recognising special tokens in it. Only for template
@@ -291,8 +320,10 @@ impl ChatTokenizer {
         }
         let (pieces, media_tokens) = self.expand_steps(pieces, media)?;
 
-        let mut ids = Vec::with_capacity(real.len() / 3 + media_tokens.iter().sum::<usize>());
+        let mut ids = self.affixes.0.clone();
+        ids.reserve(real.len() / 3 + media_tokens.iter().sum::<usize>());
         let mut buf = String::new(); // plain text since the last template special token
+        let mut at_start = true; // nothing of the prompt tokenized yet
         let mut media = media_tokens.iter();
         for p in &pieces {
             let s = match p {
@@ -305,9 +336,10 @@ impl ChatTokenizer {
             let mut rest = s;
             while let Some((at, content, id)) = self.find_added(rest) {
                 buf.push_str(&rest[..at]);
-                ids.extend(self.encode_text(&buf)?);
+                ids.extend(self.encode_segment(&buf, at_start)?);
                 buf.clear();
-                let n = if id == self.special.image_pad || id == self.special.video_pad {
+                at_start = false;
+                let n = if self.special.is_media(id) {
                     *media
                         .next()
                         .context("media placeholder count changed while encoding")?
@@ -319,7 +351,26 @@ impl ChatTokenizer {
             }
             buf.push_str(rest);
         }
-        ids.extend(self.encode_text(&buf)?);
+        ids.extend(self.encode_segment(&buf, at_start)?);
+        ids.extend_from_slice(&self.affixes.1);
+        Ok(ids)
+    }
+
+    /// Data and template text between two added tokens; `first`: it opens the prompt (the only
+    /// place a "first"-scheme Metaspace marks a word start).
+    fn encode_segment(&self, text: &str, first: bool) -> Result<Vec<u32>> {
+        match (&self.plain_inner, first) {
+            (Some(inner), false) => self.checked(inner, text),
+            _ => self.encode_text(text),
+        }
+    }
+
+    fn checked(&self, tok: &Tokenizer, text: &str) -> Result<Vec<u32>> {
+        let enc = tok.encode(text, false).map_err(|e| anyhow!("tokenizing {} bytes of text failed: {e}", text.len()))?;
+        let ids = enc.get_ids().to_vec();
+        if let Some(bad) = ids.iter().find(|i| self.added_ids.contains(i)) {
+            bail!("text tokenized to the added token id {bad}; refusing to let data produce a control token");
+        }
         Ok(ids)
     }
 
@@ -330,14 +381,16 @@ impl ChatTokenizer {
             .map_err(|e| anyhow!("decoding {} token ids failed: {e}", ids.len()))
     }
 
-    /// Ids of the Qwen2-VL control tokens.
+    /// Ids of the control tokens.
     pub fn special(&self) -> &SpecialTokens {
         &self.special
     }
 
-    /// Tokens that end a generated turn: `<|im_end|>` and `<|endoftext|>`.
+    /// Tokens that end a generated turn: `<|im_end|>` and `<|endoftext|>` (LLaMA: `</s>`).
     pub fn stop_token_ids(&self) -> Vec<u32> {
-        vec![self.special.im_end, self.special.endoftext]
+        let mut v = vec![self.special.im_end, self.special.endoftext];
+        v.dedup();
+        v
     }
 
     /// Size of the tokenizer's vocabulary including added tokens (151,657 for the real Qwen2-VL
@@ -389,7 +442,7 @@ impl ChatTokenizer {
             while let Some((at, content, id)) = self.find_added(rest) {
                 text.push_str(&rest[..at]);
                 rest = &rest[at + content.len()..];
-                if id != self.special.image_pad && id != self.special.video_pad {
+                if !self.special.is_media(id) {
                     text.push_str(content);
                     continue;
                 }
@@ -402,6 +455,7 @@ impl ChatTokenizer {
                         if id != self.special.video_pad {
                             bail!("an image placeholder cannot take a video's time steps");
                         }
+                        // Only Qwen vocabularies have a video pad, and they have the markers.
                         let (vs, ve) = (self.content_of(self.special.vision_start)?, self.content_of(self.special.vision_end)?);
                         // The template's own start/end around the pad are replaced, not doubled.
                         if !keep_outer && text.ends_with(vs) && rest.starts_with(ve) {
@@ -442,6 +496,34 @@ impl ChatTokenizer {
         }
         (img, vid)
     }
+}
+
+/// `plain` with a "first"-scheme Metaspace pre-tokenizer set to mark no word start, or `None`
+/// when the tokenizer has no such pre-tokenizer (byte-level BPE, or a normalizer that marks
+/// every segment as HF does too).
+fn without_first_mark(plain: &Tokenizer) -> Option<Tokenizer> {
+    use tokenizers::pre_tokenizers::metaspace::PrependScheme;
+    use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+    let Some(PreTokenizerWrapper::Metaspace(m)) = plain.get_pre_tokenizer() else { return None };
+    if m.get_prepend_scheme() != PrependScheme::First {
+        return None;
+    }
+    let mut m = m.clone();
+    m.set_prepend_scheme(PrependScheme::Never);
+    let mut inner = plain.clone();
+    inner.with_pre_tokenizer(Some(PreTokenizerWrapper::Metaspace(m)));
+    Some(inner)
+}
+
+/// The ids the post-processor adds before and after a text (LLaMA's `<s>`; none for Qwen).
+fn affixes(full: &Tokenizer) -> Result<(Vec<u32>, Vec<u32>)> {
+    let with = full.encode("a", true).map_err(|e| anyhow!("post-processing a probe text failed: {e}"))?;
+    let bare = full.encode("a", false).map_err(|e| anyhow!("tokenizing a probe text failed: {e}"))?;
+    let (with, bare) = (with.get_ids(), bare.get_ids());
+    let at = (0..=with.len().saturating_sub(bare.len()))
+        .find(|&i| with[i..].starts_with(bare))
+        .context("the post-processor changes the text's own tokens")?;
+    Ok((with[..at].to_vec(), with[at + bare.len()..].to_vec()))
 }
 
 /// A private-use character found in neither the template nor any text, so that every

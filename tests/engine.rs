@@ -89,6 +89,31 @@ fn prefix_cache_on_and_off_give_identical_greedy_tokens() {
     assert!(s.vision_hits > 50);
 }
 
+/// LLaVA-NeXT through the paged engine: the prefix cache changes no token, images of three
+/// aspect ratios (three tile grids) are encoded once each, and a request's tokens equal the
+/// dense single-sequence reference run on the processor's own inputs.
+#[test]
+fn llava_next_engine_cache_on_equals_off_and_the_dense_reference() {
+    let n = 24;
+    let mut on = engine("llava_next", 256, true);
+    let mut off = engine("llava_next", 256, false);
+    let a = on.run_all((0..n).map(|i| mixed_request(i, 6)).collect());
+    let b = off.run_all((0..n).map(|i| mixed_request(i, 6)).collect());
+    assert_eq!(tokens(&a), tokens(&b), "cache on = off");
+    let s = on.stats();
+    println!("llava_next prefix cache: {:?}", s.prefix);
+    assert!(s.prefix.cached_tokens > 0, "the cache served something: {:?}", s.prefix);
+    assert_eq!(s.vision_misses, 3);
+
+    let rt = runtime("llava_next");
+    let req = mixed_request(1, 6);
+    let item = rt.processor.preprocess(&req.media[0]).unwrap();
+    let ids = rt.processor.encode_prompt(&req.messages, std::slice::from_ref(&item.grid)).unwrap();
+    let vis = merg::generate::VisionInput { image_patches: Some(item.patches.to_tensor(&Device::Cpu).unwrap()), video_patches: None, media: vec![item.grid] };
+    let dense = merg::generate::generate(&*rt.model, &ids, &vis, &greedy(6), None).unwrap();
+    assert_eq!(tokens(&a)[1], dense.tokens, "engine = dense reference");
+}
+
 /// What a GPU run does: bf16 weights, K/V and activations through the paged engine. The prefix
 /// cache must not change a single token in bf16 either (cached K/V are the same bf16 values a
 /// recomputation writes), for both families.

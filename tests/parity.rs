@@ -1,7 +1,8 @@
 //! Parity with HF transformers 4.57.1 on the tiny checkpoints (goldens made by
 //! scripts/make_goldens.py): position ids identical, logits within 1e-4 relative error, and
 //! 32-token greedy continuations identical, for text, one image, two images and a video, for
-//! every family in the registry (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE).
+//! every family in the registry (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE; LLaVA-NeXT has
+//! no video case, and its image features are checked on their own too).
 
 mod common;
 
@@ -14,6 +15,14 @@ use merg::models::{DenseCache, MediaGrid, Model, PromptInputs};
 use merg::weights::Weights;
 
 const CASES: [&str; 4] = ["text", "image", "two_images", "video"];
+
+/// The cases a family's goldens hold.
+fn cases(family: &str) -> &'static [&'static str] {
+    match family {
+        "llava_next" => &CASES[..3],
+        _ => &CASES,
+    }
+}
 
 fn load(family: &str) -> Arc<dyn Model> {
     load_as(family, DType::F32)
@@ -32,13 +41,47 @@ fn load_as(family: &str, dtype: DType) -> Arc<dyn Model> {
 }
 
 fn vision_input(g: &std::collections::HashMap<String, Tensor>) -> VisionInput {
+    if let Some(sizes) = g.get("image_sizes") {
+        return anyres_input(&g["pixel_values"], sizes);
+    }
     let mut media: Vec<MediaGrid> = grids(g.get("image_grid_thw")).into_iter().map(MediaGrid::image).collect();
     let secs: Vec<f32> = g.get("second_per_grid_ts").map(|t| t.to_vec1().unwrap()).unwrap_or_default();
     for (i, thw) in grids(g.get("video_grid_thw")).into_iter().enumerate() {
         let second_per_grid = secs.get(i).copied().unwrap_or(1.0) as f64;
-        media.push(MediaGrid { thw, is_video: true, second_per_grid, frames: 0 });
+        media.push(MediaGrid { thw, is_video: true, second_per_grid, frames: 0, size: [0, 0] });
     }
     VisionInput { image_patches: g.get("pixel_values").cloned(), video_patches: g.get("pixel_values_videos").cloned(), media }
+}
+
+/// LLaVA-NeXT: transformers' `pixel_values` `[images, max tiles, 3, H, W]` (zero tiles pad
+/// the batch) → each image's own tiles cut into patches as `vision::anyres::preprocess` lays
+/// them out: `[tiles · side², 3·P·P]`, patches row-major within a tile.
+fn anyres_input(pixels: &Tensor, sizes: &Tensor) -> VisionInput {
+    let cfg = merg::models::registry::read_config(&tiny_dir("llava_next").join("config.json")).unwrap();
+    let vision = merg::models::registry::spec(&cfg).unwrap().vision.unwrap();
+    let any = vision.anyres.clone().unwrap();
+    let p = vision.patch_size;
+    let side = any.tile / p;
+    let (mut patches, mut media) = (vec![], vec![]);
+    for (i, hw) in sizes.to_vec2::<i64>().unwrap().into_iter().enumerate() {
+        let size = [hw[0] as usize, hw[1] as usize];
+        let n = any.tiles(size);
+        let t = pixels.get(i).unwrap().narrow(0, 0, n).unwrap();
+        let t = t.reshape((n, 3, side, p, side, p)).unwrap().permute((0, 2, 4, 1, 3, 5)).unwrap();
+        patches.push(t.reshape((n * side * side, 3 * p * p)).unwrap());
+        media.push(MediaGrid { size, ..MediaGrid::image([n, side, side]) });
+    }
+    VisionInput { image_patches: Some(Tensor::cat(&patches, 0).unwrap()), video_patches: None, media }
+}
+
+/// The packed features of every image against transformers' `get_image_features`.
+fn check_image_features(model: &dyn Model, vis: &VisionInput, want: &Tensor, what: &str) {
+    let feats: Vec<Tensor> = vis.items().unwrap().iter().map(|(p, g)| model.encode_media(p, g).unwrap()).collect();
+    let got = Tensor::cat(&feats, 0).unwrap().to_dtype(DType::F32).unwrap();
+    assert_eq!(got.dims(), want.dims(), "{what}: image feature shape");
+    let err = max_rel_err(&got, want);
+    println!("{what}: image features max rel err {err:.2e}");
+    assert!(err <= 1e-4, "{what}: image features max rel err {err}");
 }
 
 fn prompt_logits(model: &dyn Model, prefill: &PromptInputs, len: usize) -> Tensor {
@@ -48,16 +91,28 @@ fn prompt_logits(model: &dyn Model, prefill: &PromptInputs, len: usize) -> Tenso
 fn check_family(family: &str) {
     let model = load(family);
     let model = &*model;
-    for case in CASES {
+    for &case in cases(family) {
         let (g, _meta) = golden(family, case);
         let ids: Vec<u32> = ids_i64(&g["input_ids"]).iter().map(|&x| x as u32).collect();
         let vis = vision_input(&g);
+        if let Some(want) = g.get("image_features") {
+            check_image_features(model, &vis, want, &format!("{family}/{case}"));
+        }
 
         let prefill = prepare(model, &ids, &vis).unwrap();
         let want = ids_i64(&g["position_ids"]);
-        let got: Vec<i64> = prefill.positions.iter().flatten().copied().collect();
+        // 1-D positions (LLaVA-NeXT): the goldens hold the one index all three components equal.
+        let got: Vec<i64> = match want.len() == ids.len() {
+            true => prefill.positions[0].clone(),
+            false => prefill.positions.iter().flatten().copied().collect(),
+        };
         assert_eq!(got, want, "{family}/{case}: position ids");
-        assert_eq!(prefill.rope_delta, ids_i64(&g["rope_deltas"])[0], "{family}/{case}: rope delta");
+        assert!(prefill.positions.iter().all(|c| c.len() == ids.len()), "{family}/{case}: position components");
+        let delta = g.get("rope_deltas").map_or(0, |d| ids_i64(d)[0]);
+        assert_eq!(prefill.rope_delta, delta, "{family}/{case}: rope delta");
+        if want.len() == ids.len() {
+            assert!(prefill.positions[1] == want && prefill.positions[2] == want, "{family}/{case}: 1-D positions in every component");
+        }
 
         let logits = prompt_logits(model, &prefill, ids.len());
         let want = g["logits"].squeeze(0).unwrap();
@@ -141,7 +196,7 @@ fn check_family_half(family: &str, dtype: DType, (fro_tol, tol): (f32, f32)) {
     let f32_model = load(family);
     let model = load_as(family, dtype);
     assert_eq!(model.dtype(), dtype);
-    for case in CASES {
+    for &case in cases(family) {
         let (g, _meta) = golden(family, case);
         let ids: Vec<u32> = ids_i64(&g["input_ids"]).iter().map(|&x| x as u32).collect();
         let vis = vision_input(&g);
@@ -170,6 +225,17 @@ fn check_family_half(family: &str, dtype: DType, (fro_tol, tol): (f32, f32)) {
         println!("{dtype:?} {family}/{case}: greedy parts at token {i} ({} vs {}), f32 gap {gap:.2e}", got[i], want[i]);
         assert!(gap <= tol, "{dtype:?} {family}/{case}: token {i} differs without a near-tie (gap {gap})");
     }
+}
+
+/// LLaVA-NeXT (CLIP tiles at any resolution, LLaMA decoder) against transformers 4.57.1.
+#[test]
+fn llava_next_matches_transformers() {
+    check_family("llava_next");
+}
+
+#[test]
+fn llava_next_bf16_on_cpu_is_close_to_transformers_f32() {
+    check_family_half("llava_next", DType::BF16, BF16_LOGIT_TOL);
 }
 
 #[test]

@@ -1,12 +1,13 @@
-//! Pieces every Qwen vision tower shares: the patch embedding (a Conv3d whose stride equals
+//! Pieces the vision towers share: the patch embedding (a Conv3d or Conv2d whose stride equals
 //! its kernel, over patches the processor already cut), the pre-norm ViT block with 2-D
-//! rotary over (row, col), and the rotary tables in the processor's merge-block order.
-//! Towers differ only in the norm and MLP they hand to `VisionBlock::new` and in what they do
-//! around the blocks (windows, learned positions, DeepStack).
+//! rotary over (row, col) of the Qwen towers, the rotary tables in the processor's merge-block
+//! order, and the plain ViT layer of HF's CLIP (LLaVA-NeXT) with learned positions instead.
+//! Qwen towers differ only in the norm and MLP they hand to `VisionBlock::new` and in what they
+//! do around the blocks (windows, learned positions, DeepStack).
 
 use candle_core::{Device, Module, Result, Tensor};
 
-use super::{apply_rope, dense_attention, linear, Fused, Linear, Mlp, Norm};
+use super::{apply_rope, dense_attention, linear, Act, Fused, Linear, Mlp, Norm};
 use crate::weights::Weights;
 
 /// Patch geometry of a tower.
@@ -34,11 +35,67 @@ pub fn patch_embed(width: usize, p: PatchShape, bias: bool, w: Weights) -> Resul
     Ok(Linear::new(conv.reshape((width, p.dim()))?, b))
 }
 
-/// Conv2d with stride == kernel over pre-cut patches (SigLIP): the same matmul, from a
-/// `[width, C, P, P]` kernel.
-pub fn patch_embed_2d(width: usize, p: PatchShape, w: Weights) -> Result<Linear> {
-    let conv = w.get((width, p.in_channels, p.patch, p.patch), "weight")?;
-    Ok(Linear::new(conv.reshape((width, p.dim()))?, Some(w.get(width, "bias")?)))
+/// Conv2d with stride == kernel (CLIP's and SigLIP's `patch_embedding`) over patches
+/// flattened (channel, row, column): a matmul with the flattened kernel.
+pub fn patch_embed_2d(width: usize, in_channels: usize, patch: usize, bias: bool, w: Weights) -> Result<Linear> {
+    let conv = w.get((width, in_channels, patch, patch), "weight")?;
+    let b = match bias {
+        true => Some(w.get(width, "bias")?),
+        false => None,
+    };
+    Ok(Linear::new(conv.reshape((width, in_channels * patch * patch))?, b))
+}
+
+/// Width, heads and MLP of a plain ViT layer.
+#[derive(Clone, Copy, Debug)]
+pub struct VitShape {
+    pub width: usize,
+    pub heads: usize,
+    pub mlp_width: usize,
+    pub act: Act,
+    pub eps: f64,
+}
+
+/// A ViT encoder layer as HF's CLIP writes it: x + attn(layer_norm1(x)), then adds
+/// mlp(layer_norm2(x)); biased `self_attn.{q,k,v}_proj` and `out_proj`, no rotary (positions
+/// are learned and added before the first layer). Attention never crosses a segment (a tile).
+pub struct VitLayer {
+    norm1: Norm,
+    norm2: Norm,
+    qkv: Fused,
+    out: Linear,
+    mlp: Mlp,
+    heads: usize,
+}
+
+impl VitLayer {
+    pub fn new(s: VitShape, w: Weights) -> Result<Self> {
+        let a = w.pp("self_attn");
+        let proj = |name: &str| linear(s.width, s.width, true, a.pp(name));
+        Ok(VitLayer {
+            norm1: Norm::layer(s.width, s.eps, w.pp("layer_norm1"))?,
+            norm2: Norm::layer(s.width, s.eps, w.pp("layer_norm2"))?,
+            qkv: Fused::new(vec![proj("q_proj")?, proj("k_proj")?, proj("v_proj")?])?,
+            out: proj("out_proj")?,
+            mlp: Mlp::plain(s.width, s.mlp_width, s.act, w.pp("mlp"))?,
+            heads: s.heads,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, segs: &[(usize, usize)]) -> Result<Tensor> {
+        let (n, width) = x.dims2()?;
+        let d = width / self.heads;
+        let [q, k, v]: [Tensor; 3] = self.qkv.forward(&self.norm1.forward(x)?)?.try_into().map_err(|_| candle_core::Error::Msg("q/k/v: three outputs expected".into()))?;
+        let (q, k, v) = (q.reshape((n, self.heads, d))?, k.reshape((n, self.heads, d))?, v.reshape((n, self.heads, d))?);
+        let scale = 1.0 / (d as f64).sqrt();
+        let mut outs = Vec::with_capacity(segs.len());
+        for &(start, len) in segs {
+            outs.push(dense_attention(&q.narrow(0, start, len)?, &k.narrow(0, start, len)?, &v.narrow(0, start, len)?, scale)?);
+        }
+        let x = (x + self.out.forward(&Tensor::cat(&outs, 0)?)?)?;
+        let m = self.mlp.forward(&self.norm2.forward(&x)?)?;
+        x + m
+    }
 }
 
 /// One pre-norm block: x + attn(norm1(x)), then + mlp(norm2(x)). Attention is dense within

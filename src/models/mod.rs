@@ -12,6 +12,7 @@ pub mod cache;
 pub mod cost;
 pub mod decoder;
 pub mod gemma3;
+pub mod llava_next;
 pub mod media;
 pub mod position;
 pub mod qwen2_vl;
@@ -54,6 +55,13 @@ pub struct SpecialIds {
 }
 
 impl SpecialIds {
+    /// A family whose prompts mark media by one image token and nothing else (LLaVA-NeXT): the
+    /// image token stands in for the video token and the markers, so no other id is reserved
+    /// and every id below it is ordinary text.
+    pub fn image_only(image: u32, eos: Vec<u32>) -> SpecialIds {
+        SpecialIds { image, video: image, vision_start: image, vision_end: image, eos }
+    }
+
     /// The ids of a vision-language config.json: each placeholder and marker id at the top
     /// level (older exports keep them in the text fields), the end-of-sequence id(s) from the
     /// text fields (`text`: the top level with `text_config` over it).
@@ -85,11 +93,18 @@ pub struct VisionSpec {
     /// With timestamps: the template's own vision-start/-end stay around the steps
     /// (transformers 5's processor, Qwen3.5) instead of being replaced (4.57, Qwen3-VL).
     pub video_outer_markers: bool,
+    /// LLaVA-NeXT: images are tiled at any resolution, and an image's token count follows from
+    /// its size (the unpadded grid), not from a patch grid.
+    #[serde(skip)]
+    pub anyres: Option<crate::vision::anyres::AnyRes>,
 }
 
 impl VisionSpec {
     /// Placeholder tokens one media item of this grid takes.
     pub fn tokens(&self, grid: &MediaGrid) -> usize {
+        if let Some(a) = &self.anyres {
+            return a.tokens(grid.size, a.tile / self.patch_size.max(1));
+        }
         let m = self.spatial_merge_size.max(1);
         grid.thw.iter().product::<usize>() / (m * m)
     }
@@ -128,6 +143,9 @@ impl ModelSpec {
         let mut c = crate::vision::PreprocessorConfig::default();
         if let Some(v) = &self.vision {
             (c.patch_size, c.merge_size, c.temporal_patch_size) = (v.patch_size, v.spatial_merge_size, v.temporal_patch_size);
+        }
+        if let Some(a) = self.vision.as_ref().and_then(|v| v.anyres.clone()) {
+            c.anyres = Some(a);
         }
         if self.model_type.starts_with("qwen3") {
             (c.image_mean, c.image_std) = ([0.5; 3], [0.5; 3]);
@@ -173,11 +191,14 @@ pub struct MediaGrid {
     /// Frames of a video before padding to whole temporal patches (0 when unknown: then
     /// every temporal step is taken as full).
     pub frames: usize,
+    /// (height, width) in pixels of the source image: LLaVA-NeXT unpads its features by it
+    /// (0 when no family needs it).
+    pub size: [usize; 2],
 }
 
 impl MediaGrid {
     pub fn image(thw: [usize; 3]) -> Self {
-        MediaGrid { thw, is_video: false, second_per_grid: 0.0, frames: 0 }
+        MediaGrid { thw, is_video: false, second_per_grid: 0.0, frames: 0, size: [0, 0] }
     }
 
     /// Mid-time in seconds of each temporal step, as Qwen3-VL's processor writes it: frame
@@ -266,7 +287,7 @@ mod tests {
         };
         assert_eq!(spec.num_attention_layers(), 2);
         assert!(spec.has_recurrent_layers());
-        let v = VisionSpec { patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2, video_timestamps: false, video_outer_markers: false };
+        let v = VisionSpec { patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2, video_timestamps: false, video_outer_markers: false, anyres: None };
         assert_eq!(v.tokens(&MediaGrid::image([1, 32, 32])), 256);
     }
 
@@ -274,7 +295,7 @@ mod tests {
     /// pad the last step with the last frame (1.0 s twice).
     #[test]
     fn step_seconds_average_each_temporal_patch() {
-        let g = MediaGrid { thw: [2, 4, 4], is_video: true, second_per_grid: 1.0, frames: 4 };
+        let g = MediaGrid { thw: [2, 4, 4], is_video: true, second_per_grid: 1.0, frames: 4, size: [0, 0] };
         assert_eq!(g.step_seconds(2), vec![0.25, 1.25]);
         let g = MediaGrid { frames: 3, ..g };
         assert_eq!(g.step_seconds(2), vec![0.25, 1.0]);

@@ -18,6 +18,22 @@ pub enum VideoTime {
     PerStep,
 }
 
+/// How a family numbers prompt positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PositionScheme {
+    /// 3-D M-RoPE positions (`mrope_index`): the Qwen families.
+    MRope,
+    /// One running index for every token, media included (LLaMA-style 1-D RoPE: LLaVA-NeXT);
+    /// all three components equal and no rope delta.
+    Sequential,
+}
+
+/// Positions `0..len` in all three components, and a delta of 0.
+pub fn sequential_index(len: usize) -> (Positions, i64) {
+    let v: Vec<i64> = (0..len as i64).collect();
+    ([v.clone(), v.clone(), v], 0)
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct RopeParams {
     pub merge: usize,

@@ -23,6 +23,7 @@ const FAMILIES: &[Family] = &[
     Family { model_type: "qwen3_vl_moe", parse: super::qwen3_vl::parse },
     Family { model_type: "qwen3_5", parse: super::qwen3_5::parse },
     Family { model_type: "gemma3", parse: super::gemma3::parse },
+    Family { model_type: "llava_next", parse: super::llava_next::parse },
 ];
 
 pub fn supported_model_types() -> Vec<&'static str> {

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use super::cache::StepCache;
 use super::decoder::Decoder;
 use super::media::{cat_kind, placeholder_rows, splice_features};
-use super::position::{mrope_index, RopeParams};
+use super::position::{mrope_index, sequential_index, PositionScheme, RopeParams};
 use super::{Deepstack, MediaGrid, Model, ModelSpec, ParamCounts, Positions, PromptInputs};
 use crate::weights::Weights;
 
@@ -17,7 +17,7 @@ use crate::weights::Weights;
 pub trait VisionEncoder: Send + Sync {
     /// Merged features `[tokens, hidden]` of one media item, and one `[tokens, hidden]` tensor
     /// per DeepStack level (none for towers without DeepStack).
-    fn encode(&self, patches: &Tensor, thw: [usize; 3]) -> Result<(Tensor, Vec<Tensor>)>;
+    fn encode(&self, patches: &Tensor, grid: &MediaGrid) -> Result<(Tensor, Vec<Tensor>)>;
 
     /// DeepStack levels `encode` returns.
     fn deepstack_levels(&self) -> usize {
@@ -37,6 +37,7 @@ pub struct VisionLanguageModel {
     pub text: Decoder,
     pub vision: Box<dyn VisionEncoder>,
     rope: RopeParams,
+    positions: PositionScheme,
     spec: ModelSpec,
     prompt: PromptStyle,
 }
@@ -44,9 +45,6 @@ pub struct VisionLanguageModel {
 /// A family's prompt conventions beyond its rope parameters.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PromptStyle {
-    /// 1-D positions `0..L` for every token, media included (Gemma 3), instead of the M-RoPE
-    /// index.
-    pub sequential_positions: bool,
     /// Each image's tokens attend to each other in both directions (Gemma 3, as transformers'
     /// `token_type_ids` mask).
     pub bidirectional_images: bool,
@@ -65,7 +63,7 @@ impl VisionLanguageModel {
         let build = || -> Result<Self> {
             let text = text().context("text decoder")?;
             let vision = vision().context("vision tower")?;
-            Ok(VisionLanguageModel { text, vision, rope, spec, prompt: PromptStyle::default() })
+            Ok(VisionLanguageModel { text, vision, rope, positions: PositionScheme::MRope, spec, prompt: PromptStyle::default() })
         };
         build().with_context(|| format!("checkpoint [{}] does not match its config.json", weights.describe()))
     }
@@ -75,14 +73,19 @@ impl VisionLanguageModel {
         VisionLanguageModel { prompt, ..self }
     }
 
+    /// Numbers prompt positions by `scheme` instead of M-RoPE (the default).
+    pub fn with_positions(mut self, scheme: PositionScheme) -> Self {
+        self.positions = scheme;
+        self
+    }
+
     /// Position ids `[3][L]` and the rope delta, equal to transformers' `get_rope_index` (or
-    /// `0..L` with sequential positions).
+    /// its plain `arange` for families without M-RoPE).
     pub fn rope_index(&self, ids: &[u32], media: &[MediaGrid]) -> Result<(Positions, i64)> {
-        if self.prompt.sequential_positions {
-            let p: Vec<i64> = (0..ids.len() as i64).collect();
-            return Ok(([p.clone(), p.clone(), p], 0));
+        match self.positions {
+            PositionScheme::MRope => mrope_index(ids, media, &self.rope),
+            PositionScheme::Sequential => Ok(sequential_index(ids.len())),
         }
-        mrope_index(ids, media, &self.rope)
     }
 
     /// `(first, len)` of every run of image placeholders, when images attend bidirectionally.
@@ -131,7 +134,7 @@ impl Model for VisionLanguageModel {
     /// `[tokens, hidden · (1 + levels)]`: the merged features, then each DeepStack level, so
     /// the vision cache keeps every level of an item together.
     fn encode_media(&self, patches: &Tensor, grid: &MediaGrid) -> Result<Tensor> {
-        let (main, levels) = self.vision.encode(&patches.to_device(self.device())?, grid.thw)?;
+        let (main, levels) = self.vision.encode(&patches.to_device(self.device())?, grid)?;
         if levels.is_empty() {
             return Ok(main);
         }

@@ -2,8 +2,10 @@
 //!
 //! - `resize`: bit-exact Pillow 8-bit bicubic resampling (HF resizes through PIL).
 //! - `preprocess`: config, `smart_resize`, rescale/normalise and patchify into `Patches`.
+//! - `anyres`: LLaVA-NeXT's any-resolution tiles and the unpadding geometry.
 //! - `media`: image decoding and video frame sampling (ffmpeg, behind the `video` feature).
 
+pub mod anyres;
 pub mod media;
 pub mod preprocess;
 pub mod resize;

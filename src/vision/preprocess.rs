@@ -39,6 +39,11 @@ pub struct PreprocessorConfig {
     /// Qwen3-VL videos: (min, max) pixels of the whole clip (frames × height × width), from
     /// `video_preprocessor_config.json`; `None`: each frame is sized like an image.
     pub video_budget: Option<(usize, usize)>,
+    /// LLaVA-NeXT: images are tiled at any resolution (`image_grid_pinpoints`) instead of
+    /// resized to a pixel budget.
+    pub anyres: Option<super::anyres::AnyRes>,
+    /// LLaVA-NeXT as read: (tile, crop (height, width), shortest edge), checked by `validate`.
+    pub anyres_sides: Option<(usize, [usize; 2], usize)>,
 }
 
 /// `size` in newer configs: `{"shortest_edge": min_pixels, "longest_edge": max_pixels}`; some
@@ -69,11 +74,28 @@ struct RawPreprocessorConfig {
     do_normalize: Option<bool>,
     do_convert_rgb: Option<bool>,
     resample: Option<u32>,
+    // LLaVA-NeXT (LlavaNextImageProcessor)
+    image_grid_pinpoints: Option<Vec<[usize; 2]>>,
+    crop_size: Option<RawCrop>,
+}
+
+#[derive(Deserialize)]
+struct RawCrop {
+    height: usize,
+    width: usize,
 }
 
 impl From<RawPreprocessorConfig> for PreprocessorConfig {
     fn from(r: RawPreprocessorConfig) -> Self {
         let size = r.size.unwrap_or_default();
+        // LLaVA-NeXT: `size.shortest_edge` is the side every tile is resized to, not a pixel
+        // count; `validate` requires it to equal the (square) crop, as in every released config.
+        let anyres = r.image_grid_pinpoints.map(|pinpoints| {
+            let tile = r.crop_size.as_ref().map(|c| c.height).or(size.shortest_edge).unwrap_or(336);
+            super::anyres::AnyRes { pinpoints, tile }
+        });
+        let crop = r.crop_size.map(|c| [c.height, c.width]);
+        let shortest = size.shortest_edge;
         // HF: explicit min_pixels/max_pixels override `size`, which overrides the defaults.
         let min_pixels = r.min_pixels.or(size.shortest_edge).or(size.min_pixels).unwrap_or(56 * 56);
         let max_pixels =
@@ -94,6 +116,8 @@ impl From<RawPreprocessorConfig> for PreprocessorConfig {
             do_convert_rgb: r.do_convert_rgb.unwrap_or(true),
             resample: r.resample.unwrap_or(PIL_BICUBIC),
             video_budget: None,
+            anyres_sides: anyres.as_ref().map(|a| (a.tile, crop.unwrap_or([a.tile; 2]), shortest.unwrap_or(a.tile))),
+            anyres,
         }
     }
 }
@@ -168,6 +192,14 @@ impl PreprocessorConfig {
             "image_std {:?} contains zero",
             self.image_std
         );
+        if let Some(a) = &self.anyres {
+            a.validate()?;
+            // Tiles are cut at the crop size and then resized to the shortest edge and centre-
+            // cropped: identities when the three agree, which is all merg reproduces.
+            if let Some((tile, crop, shortest)) = self.anyres_sides {
+                ensure!(crop == [tile, tile] && shortest == tile, "crop_size {crop:?} and size.shortest_edge {shortest} differ; only square tiles of the shortest edge are supported");
+            }
+        }
         Ok(())
     }
 }
@@ -285,6 +317,12 @@ fn normalize_chw(img: &RgbImage, cfg: &PreprocessorConfig, norm: Norm) -> Vec<f3
         }
     }
     out
+}
+
+/// uint8 image → normalised f32 CHW as the slow image processors do it (rescale in f64, cast,
+/// normalise in f32).
+pub(crate) fn normalize_image(img: &RgbImage, cfg: &PreprocessorConfig) -> Vec<f32> {
+    normalize_chw(img, cfg, Norm::Image)
 }
 
 /// Resize (if configured) one frame to `(height, width)`.
@@ -411,8 +449,13 @@ fn preprocess_frames(
     Ok(patchify(&padded, rh, rw, cfg))
 }
 
-/// Preprocess one RGB image into patches with `grid_thw = [1, h/P, w/P]`.
+/// Preprocess one RGB image into patches with `grid_thw = [1, h/P, w/P]` (LLaVA-NeXT:
+/// `[tiles, side, side]`, see `anyres::preprocess`).
 pub fn preprocess_image(img: &RgbImage, cfg: &PreprocessorConfig) -> Result<Patches> {
+    if let Some(any) = &cfg.anyres {
+        cfg.validate().context("invalid preprocessor config")?;
+        return super::anyres::preprocess(img, cfg, any);
+    }
     preprocess_frames(&[img], cfg, Norm::Image, "image")
 }
 

@@ -15,6 +15,7 @@ use vision::SiglipTower;
 
 use super::decoder::Decoder;
 use super::position::{RopeParams, VideoTime};
+use super::position::PositionScheme;
 use super::vlm::{FamilyConfig, PromptStyle, VisionEncoder, VisionLanguageModel};
 use super::{ModelSpec, ParamCounts, VisionSpec};
 use crate::weights::Weights;
@@ -37,7 +38,7 @@ impl FamilyConfig for Config {
             max_context: t.max_position_embeddings,
             special: self.special.clone(),
             // An image is one square grid of patches; `pool × pool` of them make a token.
-            vision: Some(VisionSpec { patch_size: self.vision.patch_size, spatial_merge_size: self.pool(), temporal_patch_size: 1, video_timestamps: false, video_outer_markers: false }),
+            vision: Some(VisionSpec { patch_size: self.vision.patch_size, spatial_merge_size: self.pool(), temporal_patch_size: 1, video_timestamps: false, video_outer_markers: false, anyres: None }),
         }
     }
 
@@ -63,12 +64,12 @@ impl FamilyConfig for Config {
             || Ok(Decoder::new(&self.decoder, text, w.clone())?),
             || Ok(Box::new(SiglipTower::new(&self.vision, self.pool(), self.text.hidden_size, tower.pp("vision_model"), projector)?)),
         )?;
-        Ok(model.with_prompt_style(PromptStyle { sequential_positions: true, bidirectional_images: true }))
+        Ok(model.with_positions(PositionScheme::Sequential).with_prompt_style(PromptStyle { bidirectional_images: true }))
     }
 }
 
 impl VisionEncoder for SiglipTower {
-    fn encode(&self, patches: &Tensor, _thw: [usize; 3]) -> Result<(Tensor, Vec<Tensor>)> {
+    fn encode(&self, patches: &Tensor, _grid: &super::MediaGrid) -> Result<(Tensor, Vec<Tensor>)> {
         Ok((self.forward(patches)?, vec![]))
     }
 }

@@ -30,7 +30,7 @@ impl SiglipTower {
         let (width, side) = (c.hidden_size, c.patches_per_side());
         let shape = PatchShape { in_channels: c.num_channels, temporal: 1, patch: c.patch_size };
         let emb = tower.pp("embeddings");
-        let patch = patch_embed_2d(width, shape, emb.pp("patch_embedding"))?;
+        let patch = patch_embed_2d(width, shape.in_channels, shape.patch, true, emb.pp("patch_embedding"))?;
         let positions = emb.pp("position_embedding").get((side * side, width), "weight")?;
         let norm = |w: Weights| Norm::layer(width, c.layer_norm_eps, w);
         let blocks = (0..c.num_hidden_layers)

@@ -18,7 +18,7 @@ use vision::VisionTower;
 
 use super::decoder::Decoder;
 use super::vlm::{FamilyConfig, VisionEncoder, VisionLanguageModel};
-use super::{LayerKind, ModelSpec, ParamCounts, VisionSpec};
+use super::{LayerKind, MediaGrid, ModelSpec, ParamCounts, VisionSpec};
 use crate::weights::Weights;
 
 /// Where a checkpoint keeps its parts: hub layout (`model.`, `visual.`) or the layout newer
@@ -54,6 +54,7 @@ impl FamilyConfig for Config {
                 temporal_patch_size: self.vision.temporal_patch_size,
                 video_timestamps: false,
                 video_outer_markers: false,
+                anyres: None,
             }),
         }
     }
@@ -75,8 +76,8 @@ impl FamilyConfig for Config {
 }
 
 impl VisionEncoder for VisionTower {
-    fn encode(&self, patches: &Tensor, thw: [usize; 3]) -> Result<(Tensor, Vec<Tensor>)> {
-        Ok((self.forward(patches, &[thw])?, vec![]))
+    fn encode(&self, patches: &Tensor, grid: &MediaGrid) -> Result<(Tensor, Vec<Tensor>)> {
+        Ok((self.forward(patches, &[grid.thw])?, vec![]))
     }
 }
 

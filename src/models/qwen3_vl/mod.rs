@@ -17,7 +17,7 @@ use vision::VisionTower;
 use super::decoder::Decoder;
 use super::position::{RopeParams, VideoTime};
 use super::vlm::{FamilyConfig, VisionEncoder, VisionLanguageModel};
-use super::{ModelSpec, ParamCounts, VisionSpec};
+use super::{MediaGrid, ModelSpec, ParamCounts, VisionSpec};
 use crate::weights::Weights;
 
 /// The registry's config reader for `qwen3_vl` and `qwen3_vl_moe`.
@@ -44,6 +44,7 @@ impl FamilyConfig for Config {
                 video_timestamps: true,
                 // The goldens' transformers: 4.57 for Qwen3-VL, 5.x (keeps them) for Qwen3.5.
                 video_outer_markers: self.model_type == "qwen3_5",
+                anyres: None,
             }),
         }
     }
@@ -70,8 +71,8 @@ impl FamilyConfig for Config {
 }
 
 impl VisionEncoder for VisionTower {
-    fn encode(&self, patches: &Tensor, thw: [usize; 3]) -> Result<(Tensor, Vec<Tensor>)> {
-        Ok(self.forward(patches, &[thw])?)
+    fn encode(&self, patches: &Tensor, grid: &MediaGrid) -> Result<(Tensor, Vec<Tensor>)> {
+        Ok(self.forward(patches, &[grid.thw])?)
     }
 
     fn deepstack_levels(&self) -> usize {
