@@ -156,7 +156,7 @@ fn floor_and_scale(v: &mut [f64]) {
 /// dropped).
 fn attention_mask(used: usize, chunk: usize, hop: usize) -> Vec<u8> {
     let mut mask: Vec<u8> = (0..chunk).step_by(hop).map(|i| u8::from(i < used)).collect();
-    if chunk % hop != 0 {
+    if !chunk.is_multiple_of(hop) {
         mask.pop();
     }
     mask

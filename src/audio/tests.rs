@@ -125,7 +125,7 @@ fn a_clip_without_an_audio_stream_is_named() {
 fn resampling_without_ffmpeg_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("cd.wav");
-    write_wav(&p, hound::WavSpec { channels: 1, sample_rate: 44100, bits_per_sample: 16, sample_format: hound::SampleFormat::Int }, &[vec![0.1]; 100]);
+    write_wav(&p, hound::WavSpec { channels: 1, sample_rate: 44100, bits_per_sample: 16, sample_format: hound::SampleFormat::Int }, &vec![vec![0.1]; 100]);
     let e = load_audio(&p).unwrap_err();
     assert!(e.to_string().contains("cd.wav: resampling 44100 Hz to 16000 Hz needs ffmpeg"), "{e}");
 }
