@@ -18,6 +18,9 @@ pub struct Turn {
     /// Keyframe images of this turn, in time order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frames: Vec<PathBuf>,
+    /// Audio file of this turn (WAV, FLAC, MP3, …); without it the clip's audio track serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<PathBuf>,
     /// The turn's annotated emotion, when the source has one (never given to the agents for
     /// the turn being answered).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -26,7 +29,7 @@ pub struct Turn {
 
 impl Turn {
     pub fn new(speaker: impl Into<String>, text: impl Into<String>) -> Self {
-        Turn { speaker: speaker.into(), text: text.into(), video: None, frames: vec![], emotion: None }
+        Turn { speaker: speaker.into(), text: text.into(), video: None, frames: vec![], audio: None, emotion: None }
     }
 }
 
@@ -111,6 +114,7 @@ impl Dialogue {
         for t in &mut self.turns {
             t.video.iter_mut().for_each(fix);
             t.frames.iter_mut().for_each(fix);
+            t.audio.iter_mut().for_each(fix);
         }
     }
 
@@ -122,6 +126,10 @@ impl Dialogue {
         for (i, t) in self.turns.iter().enumerate() {
             if t.speaker.trim().is_empty() {
                 bail!("turn {}: empty speaker name", i + 1);
+            }
+            // An empty path would resolve to the dialogue's own directory.
+            if t.audio.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                bail!("turn {}: \"audio\" is an empty path", i + 1);
             }
         }
         if self.next_speaker.trim().is_empty() {
@@ -144,7 +152,7 @@ impl Dialogue {
 fn from_rows(rows: Vec<MeldRow>, next_speaker: Option<String>) -> Result<Dialogue> {
     let turns: Vec<Turn> = rows
         .into_iter()
-        .map(|r| Turn { speaker: r.speaker, text: r.utterance, video: None, frames: vec![], emotion: r.emotion })
+        .map(|r| Turn { speaker: r.speaker, text: r.utterance, video: None, frames: vec![], audio: None, emotion: r.emotion })
         .collect();
     let next_speaker = match next_speaker {
         Some(s) => s,
@@ -174,6 +182,19 @@ mod tests {
         let b = Dialogue::from_json_str(rows).unwrap();
         assert_eq!(a.turns, b.turns);
         assert_eq!(b.next_speaker, "Ross");
+    }
+
+    #[test]
+    fn a_turns_audio_is_read_and_resolved_beside_the_file() {
+        let text = r#"{"turns":[{"speaker":"A","text":"Hi.","audio":"a/1.flac"},{"speaker":"B","text":"Oh."}],"next_speaker":"A"}"#;
+        let mut d = Dialogue::from_json_str(text).unwrap();
+        d.resolve_paths(Path::new("/data/d1"));
+        assert_eq!(d.turns[0].audio.as_deref(), Some(Path::new("/data/d1/a/1.flac")));
+        assert_eq!(d.turns[1].audio, None);
+        let e = Dialogue::from_json_str(r#"{"turns":[{"speaker":"A","text":"x","audio":""}],"next_speaker":"B"}"#).unwrap_err();
+        assert!(e.to_string().contains("turn 1: \"audio\" is an empty path"), "{e}");
+        let e = Dialogue::from_json_str(r#"{"turns":[{"speaker":"A","text":"x","audio":3}],"next_speaker":"B"}"#).unwrap_err();
+        assert!(e.to_string().contains("turns[0].audio"), "{e}");
     }
 
     #[test]

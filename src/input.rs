@@ -26,6 +26,8 @@ pub const CONFIG: Kind = Kind { what: "config file", mib: 64, env: "MERG_MAX_CON
 pub const TOKENIZER: Kind = Kind { what: "tokenizer", mib: 512, env: "MERG_MAX_TOKENIZER_MIB" };
 pub const TEMPLATE: Kind = Kind { what: "template", mib: 4, env: "MERG_MAX_TEMPLATE_MIB" };
 pub const DATASET: Kind = Kind { what: "dataset file", mib: 2048, env: "MERG_MAX_DATASET_MIB" };
+/// Audio files (a turn's `"audio"`): read whole by the WAV reader, streamed by ffmpeg.
+pub const AUDIO: Kind = Kind { what: "audio", mib: 1024, env: "MERG_MAX_AUDIO_MIB" };
 pub const IMAGE: Kind = Kind { what: "image", mib: 256, env: "MERG_MAX_IMAGE_MIB" };
 pub const RECORDS: Kind = Kind { what: "run file", mib: 4096, env: "MERG_MAX_RECORDS_MIB" };
 /// Videos are streamed by ffmpeg, never read whole; only the regular-file check applies.

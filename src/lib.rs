@@ -43,6 +43,7 @@
 //! # }
 //! ```
 
+pub mod audio;
 pub mod bench;
 pub mod chat;
 pub mod checkpoint;

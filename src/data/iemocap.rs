@@ -162,6 +162,7 @@ fn dialog_items(utts: &[Utterance], labels: &HashMap<String, String>, video: Opt
             text: u.text.clone(),
             video: None,
             frames: vec![],
+            audio: None,
             emotion: labels.get(&u.id).and_then(|l| map_label(l)).map(str::to_string),
         })
         .collect();

@@ -116,6 +116,7 @@ pub fn load_csv(path: &Path, split_name: &str, video_dir: Option<&Path>) -> Resu
                 text: r.utterance.clone(),
                 video: clip.clone(),
                 frames: vec![],
+                audio: None,
                 emotion: Some(r.emotion.clone()),
             })
             .collect();
