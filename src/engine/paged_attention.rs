@@ -210,11 +210,9 @@ mod tests {
     use crate::models::{LayerKind, ModelSpec, SpecialIds};
     use candle_core::{DType, Device};
 
-    /// A mixed step (two decode runs, a prefill chunk after a cached past, a fresh prefill,
-    /// contexts of different lengths in scattered slots): the one batched computation equals
-    /// causal attention run by run.
-    #[test]
-    fn batched_attention_equals_attention_per_run() -> anyhow::Result<()> {
+    /// One attention layer's pool of 8 blocks of 4 slots (2 kv heads of 8), every slot holding
+    /// seeded random K and V (seeds `kv`), returned beside it.
+    fn filled_pool(kv: (u64, u64)) -> anyhow::Result<(KvPool, Tensor, Tensor)> {
         let spec = ModelSpec {
             model_type: "test".into(),
             layers: vec![LayerKind::Attention],
@@ -229,8 +227,18 @@ mod tests {
         let dev = Device::Cpu;
         let pool = KvPool::new(&spec, 8, 4, DType::F32, &dev)?;
         let all: Vec<u32> = (0..32).collect();
-        let (k, v) = (crate::testing::randn(1, (32, 2, 8), 1.0)?, crate::testing::randn(2, (32, 2, 8), 1.0)?);
+        let (k, v) = (crate::testing::randn(kv.0, (32, 2, 8), 1.0)?, crate::testing::randn(kv.1, (32, 2, 8), 1.0)?);
         pool.write(0, &pool.write_index(&all, &dev)?, &k, &v)?;
+        Ok((pool, k, v))
+    }
+
+    /// A mixed step (two decode runs, a prefill chunk after a cached past, a fresh prefill,
+    /// contexts of different lengths in scattered slots): the one batched computation equals
+    /// causal attention run by run.
+    #[test]
+    fn batched_attention_equals_attention_per_run() -> anyhow::Result<()> {
+        let dev = Device::Cpu;
+        let (pool, _, _) = filled_pool((1, 2))?;
         let contexts: [(Vec<u32>, usize); 4] = [((0..5).collect(), 1), ((8..17).collect(), 1), ((20..27).rev().collect(), 3), ((28..32).collect(), 4)];
         let (mut runs, mut start) = (vec![], 0);
         for (slots, len) in contexts {
@@ -257,22 +265,8 @@ mod tests {
     /// context with the same visibility.
     #[test]
     fn windowed_and_bidirectional_runs_equal_masked_attention() -> anyhow::Result<()> {
-        let spec = ModelSpec {
-            model_type: "test".into(),
-            layers: vec![LayerKind::Attention],
-            num_kv_heads: 2,
-            head_dim: 8,
-            hidden_size: 32,
-            vocab_size: 16,
-            max_context: 64,
-            special: SpecialIds { image: 1, video: 2, vision_start: 3, vision_end: 4, eos: vec![] },
-            vision: None,
-        };
         let dev = Device::Cpu;
-        let pool = KvPool::new(&spec, 8, 4, DType::F32, &dev)?;
-        let all: Vec<u32> = (0..32).collect();
-        let (k, v) = (crate::testing::randn(4, (32, 2, 8), 1.0)?, crate::testing::randn(5, (32, 2, 8), 1.0)?);
-        pool.write(0, &pool.write_index(&all, &dev)?, &k, &v)?;
+        let (pool, k, v) = filled_pool((4, 5))?;
         // (slots, new tokens, spans): a decode, a chunk with an image span reaching back past
         // the window, a fresh prefill with a span.
         let contexts: [(Vec<u32>, usize, Vec<(usize, usize)>); 3] = [((0..9).collect(), 1, vec![]), ((10..22).collect(), 6, vec![(3, 9)]), ((24..31).collect(), 7, vec![(1, 5)])];
