@@ -211,7 +211,7 @@ fn bench_agents_takes_qwen3_vl_configs() {
         runs.push((root.join("models/dummy-small-qwen3-vl-moe.json"), real_tok));
     }
     let mismatch = merg(&["bench-agents", "--config", root.join("models/dummy-small-qwen3-vl.json").to_str().unwrap(), "--tokenizer", tiny_tok.to_str().unwrap()]);
-    assert!(!mismatch.status.success() && stderr(&mismatch).contains("<|image_pad|> is id 460 but the model config says 151655"), "{}", stderr(&mismatch));
+    assert!(!mismatch.status.success() && stderr(&mismatch).contains("image token is id 460 but the model config says 151655"), "{}", stderr(&mismatch));
     for (cfg, tok) in runs {
         let cfg = cfg.to_str().unwrap();
         let o = merg(&[
