@@ -56,7 +56,7 @@ pub struct VitShape {
     pub eps: f64,
 }
 
-/// A ViT encoder layer as HF's CLIP writes it: x + attn(layer_norm1(x)), then adds
+/// A ViT encoder layer as HF's CLIP and SigLIP write it: x + attn(layer_norm1(x)), then adds
 /// mlp(layer_norm2(x)); biased `self_attn.{q,k,v}_proj` and `out_proj`, no rotary (positions
 /// are learned and added before the first layer). Attention never crosses a segment (a tile).
 pub struct VitLayer {
@@ -136,44 +136,6 @@ impl VisionBlock {
         }
         let att = self.proj.forward(&Tensor::cat(&outs, 0)?)?;
         let x = (x + att)?;
-        let m = self.mlp.forward(&self.norm2.forward(&x)?)?;
-        x + m
-    }
-}
-
-/// A pre-norm ViT block without rotary, attention over the whole image (SigLIP, as in Gemma 3):
-/// `layer_norm1`, `self_attn.{q,k,v,out}_proj`, `layer_norm2`, `mlp`.
-pub struct PlainVisionBlock {
-    norm1: Norm,
-    norm2: Norm,
-    qkv: Fused,
-    out: Linear,
-    mlp: Mlp,
-    heads: usize,
-}
-
-impl PlainVisionBlock {
-    pub fn new(width: usize, heads: usize, norm: impl Fn(Weights) -> Result<Norm>, mlp: Mlp, w: Weights) -> Result<Self> {
-        let a = w.pp("self_attn");
-        Ok(PlainVisionBlock {
-            norm1: norm(w.pp("layer_norm1"))?,
-            norm2: norm(w.pp("layer_norm2"))?,
-            qkv: Fused::new(vec![linear(width, width, true, a.pp("q_proj"))?, linear(width, width, true, a.pp("k_proj"))?, linear(width, width, true, a.pp("v_proj"))?])?,
-            out: linear(width, width, true, a.pp("out_proj"))?,
-            mlp,
-            heads,
-        })
-    }
-
-    /// `x: [N, width]`, the patches of one image.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (n, width) = x.dims2()?;
-        let d = width / self.heads;
-        let h = self.norm1.forward(x)?;
-        let [q, k, v]: [Tensor; 3] = self.qkv.forward(&h)?.try_into().map_err(|_| candle_core::Error::Msg("q/k/v: three outputs expected".into()))?;
-        let shape = (n, self.heads, d);
-        let att = dense_attention(&q.reshape(shape)?, &k.reshape(shape)?, &v.reshape(shape)?, 1.0 / (d as f64).sqrt())?;
-        let x = (x + self.out.forward(&att)?)?;
         let m = self.mlp.forward(&self.norm2.forward(&x)?)?;
         x + m
     }

@@ -7,15 +7,15 @@
 use candle_core::{DType, Module, Result, Tensor};
 
 use super::config::VisionConfig;
-use crate::layers::vision::{patch_embed_2d, PatchShape, PlainVisionBlock};
-use crate::layers::{Linear, Mlp, Norm};
+use crate::layers::vision::{patch_embed_2d, VitLayer, VitShape};
+use crate::layers::{Linear, Norm};
 use crate::weights::Weights;
 
 pub struct SiglipTower {
     patch: Linear,
     /// `[patches, width]`: one learned row per patch position.
     positions: Tensor,
-    blocks: Vec<PlainVisionBlock>,
+    blocks: Vec<VitLayer>,
     post_norm: Norm,
     /// `mm_soft_emb_norm`, then `mm_input_projection_weight` (`[width, text hidden]`).
     soft_norm: Norm,
@@ -28,18 +28,13 @@ impl SiglipTower {
     /// `tower` points at `vision_tower.vision_model`, `projector` at `multi_modal_projector`.
     pub fn new(c: &VisionConfig, pool: usize, text_hidden: usize, tower: Weights, projector: Weights) -> Result<Self> {
         let (width, side) = (c.hidden_size, c.patches_per_side());
-        let shape = PatchShape { in_channels: c.num_channels, temporal: 1, patch: c.patch_size };
         let emb = tower.pp("embeddings");
-        let patch = patch_embed_2d(width, shape.in_channels, shape.patch, true, emb.pp("patch_embedding"))?;
+        let patch = patch_embed_2d(width, c.num_channels, c.patch_size, true, emb.pp("patch_embedding"))?;
         let positions = emb.pp("position_embedding").get((side * side, width), "weight")?;
         let norm = |w: Weights| Norm::layer(width, c.layer_norm_eps, w);
-        let blocks = (0..c.num_hidden_layers)
-            .map(|i| {
-                let w = tower.pp("encoder").pp("layers").pp(i);
-                let mlp = Mlp::plain(width, c.intermediate_size, c.hidden_act, w.pp("mlp"))?;
-                PlainVisionBlock::new(width, c.num_attention_heads, norm, mlp, w)
-            })
-            .collect::<Result<_>>()?;
+        // SigLIP's block is CLIP's: the same pre-norm ViT layer.
+        let vit = VitShape { width, heads: c.num_attention_heads, mlp_width: c.intermediate_size, act: c.hidden_act, eps: c.layer_norm_eps };
+        let blocks = (0..c.num_hidden_layers).map(|i| VitLayer::new(vit, tower.pp("encoder").pp("layers").pp(i))).collect::<Result<_>>()?;
         let post_norm = norm(tower.pp("post_layernorm"))?;
         let soft_norm = Norm::rms_offset(width, c.layer_norm_eps, projector.pp("mm_soft_emb_norm"))?;
         let projection = projector.get((width, text_hidden), "mm_input_projection_weight")?;
@@ -55,8 +50,9 @@ impl SiglipTower {
         }
         let x = patches.to_dtype(self.positions.dtype())?;
         let mut x = (self.patch.forward(&x)? + &self.positions)?;
+        // One image is one attention segment.
         for b in &self.blocks {
-            x = b.forward(&x)?;
+            x = b.forward(&x, &[(0, n)])?;
         }
         let x = self.post_norm.forward(&x)?;
         let pooled = self.avg_pool(&x)?;
