@@ -196,11 +196,8 @@ fn draw_heads(logits: &Tensor, seqs: &mut [&mut Sequence], picks: Vec<Result<Pic
         .enumerate()
         .map(|(i, p)| match p {
             Ok(Pick::Head(head, lse)) => match seqs[i].sampler.sample_head(&head) {
-                HeadDraw::Token(t) => {
-                    // The masked logit of an allowed token is the model's own.
-                    let logit = head.ids.iter().position(|&x| x == t).map_or(f32::NAN, |k| head.logits[k]);
-                    Some(Ok(Pick::Chosen(t, logit - lse)))
-                }
+                // The masked logit of an allowed token is the model's own.
+                HeadDraw::Token(t, logit) => Some(Ok(Pick::Chosen(t, logit - lse))),
                 HeadDraw::NeedsRow(u) => {
                     late.push((i as u32, u));
                     None
@@ -296,9 +293,9 @@ mod tests {
                 let Ok(Pick::Head(head, lse)) = &picks[0] else { panic!("no head") };
                 assert_eq!(head.ids.len(), HEAD);
                 let got = match dev.sample_head(head) {
-                    HeadDraw::Token(t) => {
+                    HeadDraw::Token(t, logit) => {
                         drawn += 1;
-                        (t, head.logits[head.ids.iter().position(|&x| x == t).unwrap()] - lse)
+                        (t, logit - lse)
                     }
                     HeadDraw::NeedsRow(u) => {
                         past_head += 1;

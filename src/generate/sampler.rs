@@ -27,17 +27,17 @@ pub struct Head {
     pub vocab: usize,
 }
 
-/// A draw over a `Head`: the token, or the uniform drawn when the walk needs the whole row
-/// (the row's draw must reuse it, so the seed's stream stays in step).
+/// A draw over a `Head`: the token and its (masked) logit, or the uniform drawn when the walk
+/// needs the whole row (the row's draw must reuse it, so the seed's stream stays in step).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum HeadDraw {
-    Token(u32),
+    Token(u32, f32),
     NeedsRow(f64),
 }
 
-/// Tokens in sampling order; `at(n)` is None past what is known.
+/// Logits in sampling order; `logit(n)` is None past what is known.
 trait Order {
-    fn at(&mut self, n: usize) -> Option<(u32, f32)>;
+    fn logit(&mut self, n: usize) -> Option<f32>;
 }
 
 impl Sampler {
@@ -109,7 +109,8 @@ impl Sampler {
                 let inv_t = 1.0 / self.params.temperature as f32;
                 let max = pick_from[ranked.at_full(0) as usize] * inv_t;
                 let total = pick_from.iter().map(|&x| ((x * inv_t - max) as f64).exp()).sum();
-                self.walk(&mut ranked, pick_from.len(), total, u).expect("a whole row always completes the walk")
+                let n = self.walk(&mut ranked, pick_from.len(), total, u).expect("a whole row always completes the walk");
+                ranked.at_full(n)
             }
         };
         Ok((tok, raw[tok as usize] - lse))
@@ -121,34 +122,35 @@ impl Sampler {
         let u = self.rng.random::<f64>();
         let mut order = HeadOrder(head);
         match self.walk(&mut order, head.vocab, head.total, u) {
-            Some(tok) => HeadDraw::Token(tok),
+            Some(n) => HeadDraw::Token(head.ids[n], head.logits[n]),
             None => HeadDraw::NeedsRow(u),
         }
     }
 
     /// Top-k, top-p and the draw `u` over `order` of a `vocab`-token row whose weights sum to
-    /// `total_all`; None when `order` ends before the walk does.
-    fn walk(&self, order: &mut dyn Order, vocab: usize, total_all: f64, u: f64) -> Option<u32> {
+    /// `total_all`: the chosen token's place in the order, or None when `order` ends before
+    /// the walk does.
+    fn walk(&self, order: &mut dyn Order, vocab: usize, total_all: f64, u: f64) -> Option<usize> {
         let inv_t = 1.0 / self.params.temperature as f32;
         let limit = match self.params.top_k {
             0 => vocab,
             k => k.min(vocab),
         };
-        let max = order.at(0)?.1 * inv_t;
-        let mut weight = |n: usize| order.at(n).map(|(id, x)| (id, ((x * inv_t - max) as f64).exp()));
+        let max = order.logit(0)? * inv_t;
+        let mut weight = |n: usize| order.logit(n).map(|x| ((x * inv_t - max) as f64).exp());
         // The normaliser over what top-k leaves (every token without top-k).
         let total = match limit == vocab {
             true => total_all,
-            false => (0..limit).map(|n| weight(n).map(|w| w.1)).sum::<Option<f64>>()?,
+            false => (0..limit).map(&mut weight).sum::<Option<f64>>()?,
         };
-        // Top-p keeps the shortest head whose mass reaches top_p; `mass` is that head's (all
-        // of it when nothing is cut: the same sum divided by itself).
+        // Top-p keeps the shortest head whose mass reaches top_p; `mass` is that head's (1 when
+        // nothing is cut: the candidates' sum is the normaliser itself).
         let (keep, mass) = match self.params.top_p < 1.0 {
             true => {
                 let mut cum = 0.0;
                 let mut keep = limit;
                 for n in 0..limit {
-                    cum += weight(n)?.1 / total;
+                    cum += weight(n)? / total;
                     if cum >= self.params.top_p {
                         keep = n + 1;
                         break;
@@ -156,20 +158,19 @@ impl Sampler {
                 }
                 (keep, cum)
             }
-            false if limit == vocab => (limit, 1.0),
-            false => (limit, (0..limit).map(|n| weight(n).map(|w| w.1)).sum::<Option<f64>>()? / total),
+            false => (limit, 1.0),
         };
         let mut r = u * mass;
         // The last candidate that can be drawn at all (a masked token weighs nothing).
-        let mut last = order_first(&mut weight)?;
+        let mut last = 0;
         for n in 0..keep {
-            let (id, w) = weight(n)?;
+            let w = weight(n)?;
             if w > 0.0 {
-                last = id;
+                last = n;
             }
             r -= w / total;
             if r <= 0.0 {
-                return Some(id);
+                return Some(n);
             }
         }
         // Rounding left a sliver: the last candidate kept, as a full walk would end.
@@ -177,19 +178,15 @@ impl Sampler {
     }
 }
 
-fn order_first(weight: &mut dyn FnMut(usize) -> Option<(u32, f64)>) -> Option<u32> {
-    weight(0).map(|w| w.0)
-}
-
 struct HeadOrder<'a>(&'a Head);
 
 impl Order for HeadOrder<'_> {
-    fn at(&mut self, n: usize) -> Option<(u32, f32)> {
-        Some((*self.0.ids.get(n)?, self.0.logits[n]))
+    fn logit(&mut self, n: usize) -> Option<f32> {
+        self.0.logits.get(n).copied()
     }
 }
 
-/// Token ids in sampling order, ranked lazily: `at(n)` selects and sorts only the head up to
+/// Token ids in sampling order, ranked lazily: `at_full(n)` selects and sorts only the head up to
 /// `n` (each time at least four times the head before), so a walk that stops early costs one
 /// selection pass, not a sort of the vocabulary.
 struct Ranked<'a> {
@@ -221,11 +218,8 @@ impl<'a> Ranked<'a> {
 }
 
 impl Order for Ranked<'_> {
-    fn at(&mut self, n: usize) -> Option<(u32, f32)> {
-        (n < self.idx.len()).then(|| {
-            let id = self.at_full(n);
-            (id, self.logits[id as usize])
-        })
+    fn logit(&mut self, n: usize) -> Option<f32> {
+        (n < self.idx.len()).then(|| self.logits[self.at_full(n) as usize])
     }
 }
 
