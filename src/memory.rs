@@ -144,6 +144,13 @@ pub fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
+/// Blocks of a sliding-window layer group one sequence holds between steps, at most: the
+/// `window − 1` tokens before its next query, block-aligned (a partial block at each end).
+/// The engine's pool split and `merg plan` both count it.
+pub fn window_blocks(window: usize, block_size: usize) -> usize {
+    window.saturating_sub(1).div_ceil(block_size.max(1)) + 2
+}
+
 /// Memory kept back from the K/V cache for activations, workspace and the runtime.
 pub const DEFAULT_RESERVE: u64 = 3 << 29;
 

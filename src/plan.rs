@@ -26,8 +26,14 @@ pub struct Plan {
     pub params: ParamCounts,
     pub text_weight_bytes: u64,
     pub vision_weight_bytes: u64,
-    /// K and V of one token over every attention layer (in the dense dtype).
+    /// K and V of one token over every global attention layer (in the dense dtype).
     pub kv_bytes_per_token: u64,
+    /// K and V the sliding-window layers keep per sequence, whatever its length: the window's
+    /// blocks (`memory::window_blocks`, blocks of 16 tokens as the engine's default); 0
+    /// without such layers.
+    pub window_bytes_per_sequence: u64,
+    /// … and once for all sequences: one step's new tokens (2048, the engine's default).
+    pub window_step_bytes: u64,
     /// Conv windows and delta-rule states of one sequence (f32; 0 without recurrent layers).
     pub state_bytes_per_sequence: u64,
     /// Activations, workspace and runtime, kept back from the budget.
@@ -102,16 +108,26 @@ pub fn plan(p: &ParamCounts, spec: &ModelSpec, prec: Precision, budget: Budget, 
 /// As `plan`, for weights whose load is known (GGUF files: `gguf::load_cost`).
 pub fn plan_with_load(p: &ParamCounts, spec: &ModelSpec, prec: Precision, load: LoadCost, budget: Budget, context: usize, dialogues: u64) -> Plan {
     let (text, vision, reserve) = (load.text_bytes, load.vision_bytes, budget.reserve);
-    let kv = 2 * (spec.num_attention_layers() * spec.num_kv_heads * spec.head_dim) as u64 * prec.dense_bytes as u64;
+    let row = 2 * (spec.num_kv_heads * spec.head_dim) as u64 * prec.dense_bytes as u64;
+    let kv = spec.num_global_layers() as u64 * row;
+    // Sliding layers: a window's blocks per sequence and one step's tokens, as the engine's
+    // pool split counts them (no more than the context itself needs).
+    let (window, step) = match spec.sliding_window() {
+        Some(w) => {
+            let tokens = |n: usize| (n.min(context.max(1)).div_ceil(PLAN_BLOCK) * PLAN_BLOCK) as u64 * spec.num_sliding_layers() as u64 * row;
+            (tokens(crate::memory::window_blocks(w.min(context.max(1)), PLAN_BLOCK) * PLAN_BLOCK), tokens(PLAN_STEP))
+        }
+        None => (0, 0),
+    };
     let state = state_bytes_per_seq(spec);
     let free = budget.device as i64 - (text + vision + reserve) as i64;
-    let per_dialogue = kv * context as u64 + state;
+    let per_dialogue = kv * context as u64 + window + state;
     let (fit_n, fit_ctx) = match free {
-        f if f <= 0 => (0, 0),
+        f if f <= step as i64 => (0, 0),
         f => {
-            let f = f as u64;
+            let f = f as u64 - step;
             let n = f / per_dialogue.max(1);
-            let ctx = (f / dialogues.max(1)).saturating_sub(state) / kv.max(1);
+            let ctx = (f / dialogues.max(1)).saturating_sub(state + window) / kv.max(1);
             (n, ctx)
         }
     };
@@ -122,6 +138,8 @@ pub fn plan_with_load(p: &ParamCounts, spec: &ModelSpec, prec: Precision, load: 
         text_weight_bytes: text,
         vision_weight_bytes: vision,
         kv_bytes_per_token: kv,
+        window_bytes_per_sequence: window,
+        window_step_bytes: step,
         state_bytes_per_sequence: state,
         reserve_bytes: reserve,
         budget_bytes: budget.device,
@@ -139,12 +157,20 @@ pub fn plan_with_load(p: &ParamCounts, spec: &ModelSpec, prec: Precision, load: 
 
 pub use crate::memory::{auto_kv_bytes, DEFAULT_RESERVE};
 
+/// The engine's default block size and step tokens, which the sliding layers' share follows.
+const PLAN_BLOCK: usize = 16;
+const PLAN_STEP: usize = 2048;
+
 pub use crate::memory::gib;
 
 impl std::fmt::Display for Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "weights:            {} (text {}, vision tower {})", gib(self.text_weight_bytes + self.vision_weight_bytes), gib(self.text_weight_bytes), gib(self.vision_weight_bytes))?;
         writeln!(f, "KV per token:       {} KiB", self.kv_bytes_per_token as f64 / 1024.0)?;
+        if self.window_bytes_per_sequence > 0 {
+            let mib = |b: u64| b as f64 / 1048576.0;
+            writeln!(f, "sliding-window K/V: {:.1} MiB per sequence (its window, whatever its length) + {:.1} MiB for one step", mib(self.window_bytes_per_sequence), mib(self.window_step_bytes))?;
+        }
         writeln!(f, "state per sequence: {} MiB (recurrent layers, f32)", self.state_bytes_per_sequence as f64 / 1048576.0)?;
         writeln!(f, "reserve:            {} (activations, workspace)", gib(self.reserve_bytes))?;
         writeln!(f, "budget:             {}; {} left for K/V and states", gib(self.budget_bytes), gib(self.free_bytes.max(0) as u64))?;
@@ -160,5 +186,38 @@ impl std::fmt::Display for Plan {
             (false, true) => format!(" (the {} is too small for them)", if self.host_budget_bytes.is_some() { "device" } else { "memory" }),
         };
         write!(f, "verdict:            {} dialogues × {} tokens {}{why}", self.dialogues, self.context, if self.fits { "FIT" } else { "DO NOT FIT" })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::LayerKind;
+
+    /// Gemma 3 12B's text shape (48 layers, every sixth global, window 1024, 8 kv heads of
+    /// 256): K/V per token counts the 8 global layers, the 40 sliding ones a window's blocks
+    /// per dialogue, and more dialogues of 4k fit than if every layer kept every token.
+    #[test]
+    fn sliding_layers_count_their_window_per_dialogue() {
+        let c = crate::models::gemma3::Config::from_value(&serde_json::json!({
+            "model_type": "gemma3",
+            "text_config": {"hidden_size": 3840, "intermediate_size": 15360, "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 8, "sliding_window": 1024},
+            "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304, "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14}
+        }))
+        .unwrap();
+        use crate::models::FamilyConfig;
+        let (spec, p) = (c.spec(), c.param_counts());
+        let prec = Precision { dense_bytes: 2.0, quant: Some(Quant::Q4K), quant_vision: false };
+        let budget = Budget { device: 24 << 30, host: None, reserve: DEFAULT_RESERVE };
+        let plan = plan(&p, &spec, prec, budget, 4096, 8);
+        let row = 2 * 8 * 256 * 2;
+        assert_eq!(plan.kv_bytes_per_token, 8 * row);
+        assert_eq!(plan.window_bytes_per_sequence, 40 * row * (64 + 2) * 16);
+        assert_eq!(plan.window_step_bytes, 40 * row * 2048);
+        assert!(plan.fits, "{plan}");
+        let global = ModelSpec { layers: vec![LayerKind::Attention; 48], ..spec.clone() };
+        let all = super::plan(&p, &global, prec, budget, 4096, 8);
+        assert_eq!((all.kv_bytes_per_token, all.window_bytes_per_sequence), (48 * row, 0));
+        assert!(plan.dialogues_that_fit > 2 * all.dialogues_that_fit, "{} vs {}", plan.dialogues_that_fit, all.dialogues_that_fit);
     }
 }

@@ -478,3 +478,96 @@ fn unsatisfiable_constraint_fails_its_request_alone() {
     assert!(err.contains("allows no token"), "{err}");
     assert!(out[0].as_ref().unwrap().tokens.len() == 6 && out[2].as_ref().unwrap().tokens.len() == 6);
 }
+
+/// Tiny Gemma 3 (layers S S F S S F, window 8) through the registry, in blocks of 4 tokens, with
+/// chunked prefill (64 tokens a step) and a context of 256: the sliding layers' blocks come
+/// and go many times over a request.
+fn gemma_engine(blocks: usize, prefix_caching: bool) -> Engine {
+    let dir = tiny_dir("gemma3");
+    let cfg = merg::models::registry::read_config(&dir.join("config.json")).unwrap();
+    let files = vec![dir.join("model-00001-of-00002.safetensors"), dir.join("model-00002-of-00002.safetensors")];
+    let model = merg::models::load(&cfg, merg::weights::Weights::safetensors(&files, DType::F32, &Device::Cpu).unwrap()).unwrap();
+    let tok = merg::tokenizer::ChatTokenizer::from_dir(&dir).unwrap();
+    let scheduler = merg::engine::SchedulerConfig { max_step_tokens: 64, ..Default::default() };
+    let cfg = EngineConfig { block_size: 4, kv_memory: KvMemory::Blocks(blocks), prefix_caching, max_context: Some(256), scheduler, ..Default::default() };
+    Engine::new(Checkpoint::from_model(model, tok).unwrap(), cfg).unwrap()
+}
+
+/// Token ids of prompt `i`: a prefix shared by all (seeded), cut at one of four lengths, then
+/// a suffix of its own; prompts 8.. repeat earlier ones exactly. Every prompt is longer than
+/// the window.
+fn gemma_prompt(i: usize) -> Vec<u32> {
+    let mut x = 12345u64;
+    let mut next = || {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        10 + (x >> 33) as u32 % 500
+    };
+    let shared: Vec<u32> = (0..60).map(|_| next()).collect();
+    let i = if i >= 8 { i - 8 } else { i };
+    let mut ids = shared[..21 + 9 * (i % 4)].to_vec();
+    ids.extend((0..3 + i).map(|k| 10 + ((i * 37 + k * 11) % 500) as u32));
+    ids
+}
+
+/// Runs prepared token-id prompts to completion; greedy tokens in request order.
+fn run_ids(eng: &mut Engine, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
+    let ids: Vec<_> = prompts.iter().map(|p| eng.add_prepared(merg::engine::PreparedRequest { ids: p.clone(), media: vec![], sampling: greedy(n), constraint: None }).unwrap()).collect();
+    let mut done = std::collections::HashMap::new();
+    while eng.has_pending() {
+        done.extend(eng.step().unwrap().finished.into_iter().map(|(id, c)| (id, c.tokens)));
+    }
+    ids.iter().map(|id| done.remove(id).unwrap()).collect()
+}
+
+/// Sliding-window layers in the paged engine: prefix cache on = off token for token on
+/// prompts sharing prefixes of several lengths (and exact repeats), every one longer than the
+/// window, and both equal to the dense single-sequence reference; every block of both pool
+/// groups comes back.
+#[test]
+fn gemma3_sliding_layers_cache_on_equals_off_and_the_dense_reference() {
+    let prompts: Vec<Vec<u32>> = (0..12).map(gemma_prompt).collect();
+    let mut on = gemma_engine(96, true);
+    let mut off = gemma_engine(96, false);
+    let a = run_ids(&mut on, &prompts, 10);
+    let b = run_ids(&mut off, &prompts, 10);
+    assert_eq!(a, b, "cache on = off");
+    let s = on.stats();
+    println!("gemma3 prefix cache: {:?}, window blocks {}", s.prefix, s.window_blocks);
+    assert!(s.prefix.cached_tokens > 0, "the cache served something: {:?}", s.prefix);
+    for (eng, s) in [(&on, on.stats()), (&off, off.stats())] {
+        assert_eq!((s.free_blocks, s.free_window_blocks), (s.num_blocks, s.window_blocks), "every block back: {}", eng.kv_summary());
+    }
+    let model = on.model().clone();
+    for i in [0, 5, 11] {
+        let dense = merg::generate::generate(&*model, &prompts[i], &merg::generate::VisionInput::default(), &greedy(10), None).unwrap();
+        assert_eq!(a[i], dense.tokens, "prompt {i}: engine = dense reference");
+    }
+}
+
+/// The saving: a long Gemma 3 sequence holds at most ⌈window / block⌉ + 1 = 3 blocks of the
+/// sliding layers between steps while its global blocks grow with it, and a pool of 32 blocks'
+/// worth of memory (128 tokens when every layer keeps every token) holds it to 190 tokens.
+#[test]
+fn gemma3_sliding_blocks_stay_within_the_window() {
+    let mut eng = gemma_engine(32, true);
+    let s = eng.stats();
+    assert!(s.num_blocks * 4 >= 190 && s.num_blocks > 32, "{}", eng.kv_summary());
+    let prompt = gemma_prompt(3);
+    let n = 190 - prompt.len();
+    let id = eng.add_prepared(merg::engine::PreparedRequest { ids: prompt.clone(), media: vec![], sampling: greedy(n), constraint: None }).unwrap();
+    let (mut computed, mut most, mut out) = (0, 0, vec![]);
+    while eng.has_pending() {
+        let step = eng.step().unwrap();
+        computed += step.tokens.len();
+        if let Some([global, sliding]) = eng.blocks_held(id) {
+            let len = prompt.len() + computed - 1;
+            assert_eq!(global, len.div_ceil(4), "global blocks cover the sequence");
+            assert!(sliding <= 8usize.div_ceil(4) + 1, "{sliding} sliding blocks at {len} tokens");
+            most = most.max(global);
+        }
+        out.extend(step.finished);
+    }
+    let done = &out[0].1;
+    assert_eq!((done.tokens.len(), done.preemptions), (n, 0));
+    assert!(most * 4 > 128, "the sequence outgrew what all-global accounting holds: {most} blocks");
+}

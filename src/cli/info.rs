@@ -66,8 +66,12 @@ pub fn cmd_info(a: InfoArgs) -> Result<()> {
     }
     println!("family:    {}", spec.model_type);
     let recurrent = spec.layers.len() - spec.num_attention_layers();
+    let sliding = match spec.sliding_window() {
+        Some(w) => format!(", {} of them sliding-window ({w} tokens)", spec.num_sliding_layers()),
+        None => String::new(),
+    };
     println!(
-        "text:      {} layers ({} attention, {recurrent} linear attention), hidden {}, head_dim {}, {} kv heads, vocab {}, context {}",
+        "text:      {} layers ({} attention{sliding}, {recurrent} linear attention), hidden {}, head_dim {}, {} kv heads, vocab {}, context {}",
         spec.layers.len(),
         spec.num_attention_layers(),
         spec.hidden_size,

@@ -19,6 +19,11 @@ use std::hash::{DefaultHasher, Hasher};
 
 pub type BlockId = u32;
 
+/// Stands in a block table for a block a sliding-window group has given back (its tokens lie
+/// before every later query's window); `free` and `commit` pass over it. Never a real block:
+/// `new` caps the pool below it.
+pub const RELEASED: BlockId = BlockId::MAX;
+
 /// Prompt-token accounting of the prefix cache (reset with [`BlockManager::reset_stats`]).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct CacheStats {
@@ -74,8 +79,8 @@ pub struct BlockManager {
 impl BlockManager {
     /// A `block_size` of 0 is treated as 1 (a zero-slot block cannot hold anything).
     pub fn new(num_blocks: usize, block_size: usize, prefix_caching: bool) -> Self {
-        // BlockId is u32: a larger pool could not be addressed.
-        let num_blocks = num_blocks.min(BlockId::MAX as usize);
+        // BlockId is u32: a larger pool could not be addressed (and `RELEASED` is no block).
+        let num_blocks = num_blocks.min(RELEASED as usize);
         Self {
             block_size: block_size.max(1),
             prefix_caching,
@@ -186,27 +191,50 @@ impl BlockManager {
             });
         }
         let total = len.div_ceil(bs);
-        let mut table = Vec::with_capacity(total);
+        let mut matched = Vec::new();
         if self.prefix_caching {
             let max_reuse = ((len - 1) / bs).min(cap);
             // Hash lazily: stop at the first miss instead of hashing the whole prompt.
             let mut prev = 0;
             for i in 0..max_reuse {
                 let h = self.hashes_from(tokens, extra, i, i + 1, prev)[0];
-                match self.cached.get(&h) {
-                    Some(&b) => table.push(b),
-                    None => break,
+                if !self.cached.contains_key(&h) {
+                    break;
                 }
+                matched.push(h);
                 prev = h;
             }
         }
-        let matched = table.len();
+        let table = self.take(&matched, total - matched.len())?;
+        let num_cached = matched.len() * bs;
+        self.stats.prompt_tokens += len as u64;
+        self.stats.cached_tokens += num_cached as u64;
+        self.stats.computed_tokens += (len - num_cached) as u64;
+        Some(Allocation {
+            table,
+            num_cached_tokens: num_cached,
+        })
+    }
+
+    /// Whether the cache holds a block under this chain hash.
+    pub fn holds(&self, hash: u64) -> bool {
+        self.cached.contains_key(&hash)
+    }
+
+    /// The cached blocks of `revive` (chain hashes this cache holds), referenced once more, then
+    /// `fresh` new blocks; all or nothing (None, nothing changed, if the pool is short or a hash
+    /// is not cached). No prompt statistics are counted.
+    pub fn take(&mut self, revive: &[u64], fresh: usize) -> Option<Vec<BlockId>> {
+        let mut table = Vec::with_capacity(revive.len() + fresh);
+        for h in revive {
+            table.push(*self.cached.get(h)?);
+        }
         // Reviving an evictable block takes it out of the available pool too.
         let revived = table
             .iter()
             .filter(|&&b| self.blocks[b as usize].ref_count == 0)
             .count();
-        if (total - matched) + revived > self.num_available() {
+        if fresh + revived > self.num_available() {
             return None;
         }
         for &b in &table {
@@ -216,18 +244,11 @@ impl BlockManager {
             }
             m.ref_count += 1;
         }
-        for _ in matched..total {
+        for _ in 0..fresh {
             // Checked above: cannot fail.
             table.push(self.take_fresh()?);
         }
-        let num_cached = matched * bs;
-        self.stats.prompt_tokens += len as u64;
-        self.stats.cached_tokens += num_cached as u64;
-        self.stats.computed_tokens += (len - num_cached) as u64;
-        Some(Allocation {
-            table,
-            num_cached_tokens: num_cached,
-        })
+        Some(table)
     }
 
     /// A never-cached free block if any, else the least recently freed evictable one.
@@ -321,7 +342,7 @@ impl BlockManager {
     /// are registered in the cache, else free. Validated first: on error nothing changes.
     pub fn free(&mut self, table: &[BlockId]) -> Result<(), BlockError> {
         let mut counts: HashMap<BlockId, u32> = HashMap::with_capacity(table.len());
-        for &b in table {
+        for &b in table.iter().filter(|&&b| b != RELEASED) {
             let m = self
                 .blocks
                 .get(b as usize)
@@ -334,7 +355,7 @@ impl BlockManager {
         }
         // Reverse order: a prompt's tail blocks get older ticks and are evicted before its head,
         // keeping the (more shareable) prefix cached longest.
-        for &b in table.iter().rev() {
+        for &b in table.iter().rev().filter(|&&b| b != RELEASED) {
             let m = &mut self.blocks[b as usize];
             m.ref_count -= 1;
             if m.ref_count == 0 {
@@ -364,7 +385,7 @@ impl BlockManager {
         let n = self.blocks.len();
         let mut refs = vec![0u32; n];
         for t in live_tables {
-            for &b in *t {
+            for &b in t.iter().filter(|&&b| b != RELEASED) {
                 let r = refs
                     .get_mut(b as usize)
                     .ok_or(format!("live table holds invalid block {b}"))?;

@@ -11,8 +11,10 @@ use serde::Serialize;
 
 use super::block_manager::{BlockManager, CacheStats};
 use super::error::{too_big, EngineError, EngineResult};
-use super::kv_pool::{num_blocks_for, KvMemory, KvPool};
-use super::paged_attention::{PagedStep, SeqRun};
+use super::block_manager::BlockId;
+use super::kv_pool::{num_blocks_for, KvMemory, KvPool, GLOBAL, SLIDING};
+use super::paged_attention::{PagedStep, RunSlots, SeqRun};
+use super::sliding::SlidingGroup;
 use super::request::{check_prompt_len, ChatRequest, PreparedMedia, PreparedRequest, RequestPreparer};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence, Status};
@@ -91,9 +93,13 @@ pub struct EngineStats {
     pub readbacks: u64,
     pub times: Times,
     pub preemptions: u64,
+    /// Blocks of the global attention layers (every layer's, for models without sliding ones).
     pub num_blocks: usize,
     /// Blocks not held by a request in flight (cached-but-unreferenced blocks count as free).
     pub free_blocks: usize,
+    /// The sliding-window layers' blocks, and those of them free (0 without such layers).
+    pub window_blocks: usize,
+    pub free_window_blocks: usize,
     pub block_size: usize,
     /// Requests queued but not yet admitted (the engine's queue depth).
     pub waiting: usize,
@@ -119,7 +125,10 @@ pub struct Engine {
     model: Arc<dyn Model>,
     preparer: RequestPreparer,
     pool: KvPool,
+    /// Blocks of the global attention layers.
     bm: BlockManager,
+    /// Blocks of the sliding-window layers (models with such layers).
+    sliding: Option<SlidingGroup>,
     scheduler: Scheduler,
     seqs: HashMap<SeqId, Sequence>,
     vision_cache: Arc<Mutex<VisionCache>>,
@@ -156,8 +165,12 @@ impl Engine {
         cfg.validate(Some(spec.max_context))?;
         let max_tokens = (cfg.scheduler.max_num_seqs as u64).saturating_mul(cfg.max_context.unwrap_or(spec.max_context) as u64);
         let n = num_blocks_for(&cfg.kv_memory, spec, cfg.block_size, model.dtype(), model.device(), max_tokens)?;
-        let pool = KvPool::new(spec, n, cfg.block_size, model.dtype(), model.device()).context("allocating the KV pool")?;
         let max_context = cfg.max_context.unwrap_or(spec.max_context);
+        // `n` blocks of every layer's K/V: the budget the two pool groups share.
+        let load = super::kv_pool::Load { max_seqs: cfg.scheduler.max_num_seqs, step_tokens: cfg.scheduler.max_step_tokens, context: max_context };
+        let groups = super::kv_pool::split(n as u64 * super::kv_pool::bytes_per_block(spec, cfg.block_size, model.dtype()), spec, cfg.block_size, model.dtype(), load)?;
+        let pool = KvPool::new(spec, groups, cfg.block_size, model.dtype(), model.device()).context("allocating the KV pool")?;
+        let sliding = spec.sliding_window().map(|w| SlidingGroup::new(groups[SLIDING], cfg.block_size, cfg.prefix_caching, w));
         let vision_cache = Arc::new(Mutex::new(VisionCache::new(cfg.vision_cache_entries)));
         let preparer = RequestPreparer::new(ckpt.processor.clone(), vision_cache.clone(), ckpt.tokenizer_json.clone(), max_context);
         // K/V blocks alone cannot restore a recurrent layer's state: a hybrid model's cached
@@ -169,7 +182,8 @@ impl Engine {
             model,
             preparer,
             pool,
-            bm: BlockManager::new(n, cfg.block_size, prefix_caching),
+            bm: BlockManager::new(groups[GLOBAL], cfg.block_size, prefix_caching),
+            sliding,
             scheduler: Scheduler::new(scheduler_cfg),
             states,
             seqs: HashMap::new(),
@@ -205,8 +219,10 @@ impl Engine {
             times: self.times,
             // Finished sequences' preemptions plus those of sequences still in flight.
             preemptions: self.preemptions + self.seqs.values().map(|s| s.preemptions as u64).sum::<u64>(),
-            num_blocks: self.pool.num_blocks,
+            num_blocks: self.pool.num_blocks[GLOBAL],
             free_blocks: self.bm.num_available(),
+            window_blocks: self.pool.num_blocks[SLIDING],
+            free_window_blocks: self.sliding.as_ref().map_or(0, |g| g.bm.num_available()),
             block_size: self.pool.block_size,
             waiting: self.scheduler.counts().0,
             running: self.scheduler.counts().1,
@@ -224,9 +240,19 @@ impl Engine {
     /// start-up report; `None` for models without recurrent layers.
     /// The KV pool's size, for start-up logs.
     pub fn kv_summary(&self) -> String {
-        let (blocks, bs) = (self.bm.num_blocks(), self.pool.block_size);
-        let bytes = blocks as u64 * crate::engine::kv_pool::bytes_per_block(self.model.spec(), bs, self.model.dtype());
-        format!("KV cache: {blocks} blocks of {bs} tokens ({:.2} GiB, {} tokens)", bytes as f64 / (1u64 << 30) as f64, blocks * bs)
+        let ([blocks, window], bs) = (self.pool.num_blocks, self.pool.block_size);
+        let [g, s] = crate::engine::kv_pool::group_bytes_per_block(self.model.spec(), bs, self.model.dtype());
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let sliding = match window {
+            0 => String::new(),
+            _ => format!(" + {window} blocks of the sliding-window layers ({:.2} GiB)", gib(window as u64 * s)),
+        };
+        format!("KV cache: {blocks} blocks of {bs} tokens ({:.2} GiB, {} tokens){sliding}", gib(blocks as u64 * g), blocks * bs)
+    }
+
+    /// Blocks a request in flight holds in each pool group (global, sliding).
+    pub fn blocks_held(&self, id: SeqId) -> Option<[usize; 2]> {
+        self.seqs.get(&id).map(|s| [s.table.len(), SlidingGroup::held(&s.window_table)])
     }
 
     pub fn state_summary(&self) -> Option<String> {
@@ -309,8 +335,8 @@ impl Engine {
         sampling.validate().map_err(EngineError::bad)?;
         check_prompt_len(ids.len(), self.max_context())?;
         let needed = self.bm.blocks_needed(0, ids.len() + 1);
-        if needed > self.pool.num_blocks {
-            return Err(too_big(needed, self.pool.num_blocks, ids.len(), self.model.spec()));
+        if needed > self.pool.num_blocks[GLOBAL] {
+            return Err(too_big(needed, self.pool.num_blocks[GLOBAL], ids.len(), self.model.spec()));
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -331,6 +357,7 @@ impl Engine {
             rope_delta: inputs.rope_delta,
             num_computed: 0,
             table: vec![],
+            window_table: vec![],
             recurrent,
             snap_hint,
             snap_at: vec![],
@@ -365,7 +392,7 @@ impl Engine {
 
     /// The step's output, and whether it computed prompt tokens.
     fn step_inner(&mut self) -> anyhow::Result<(StepOutput, bool)> {
-        let (chunks, overflow) = self.scheduler.schedule(&mut self.seqs, &mut self.bm, self.states.as_mut());
+        let (chunks, overflow) = self.scheduler.schedule(&mut self.seqs, &mut self.bm, self.states.as_mut(), self.sliding.as_mut());
         let mut out = StepOutput::default();
         for id in overflow {
             // Too large for the pool even alone: end it with what it has.
@@ -385,7 +412,7 @@ impl Engine {
         let mut deepstack = vec![];
         let mut positions: [Vec<i64>; 3] = [vec![], vec![], vec![]];
         let mut runs = Vec::with_capacity(chunks.len());
-        let mut write_slots = vec![];
+        let mut write_slots: [Vec<u32>; 2] = [vec![], vec![]];
         let mut start = 0;
         for c in &chunks {
             let s = self.seqs.get_mut(&c.seq).expect("scheduled");
@@ -398,14 +425,17 @@ impl Engine {
             for k in 0..3 {
                 positions[k].extend_from_slice(&p[k]);
             }
-            write_slots.extend(self.pool.slots(&s.table, a, b));
-            let ctx = self.pool.slots(&s.table, 0, b);
+            let mut groups = [None, None];
+            for (g, table, first) in kv_tables(self.sliding.as_ref(), s) {
+                write_slots[g].extend(self.pool.slots(table, a, b));
+                groups[g] = Some(RunSlots::new(first, self.pool.slots(table, first, b), &dev)?);
+            }
             let recurrent = std::mem::take(&mut s.recurrent);
-            runs.push(SeqRun { start, len: c.len, context_slots: Tensor::new(ctx.as_slice(), &dev)?, slots: ctx, recurrent, spans: s.spans_in(a, b) });
+            runs.push(SeqRun { start, len: c.len, past: a, groups, recurrent, spans: s.spans_in(a, b) });
             start += c.len;
         }
         let embeds = Tensor::cat(&embeds, 0)?;
-        let write_index = self.pool.write_index(&write_slots, &dev)?;
+        let write_index = [Some(self.pool.write_index(&write_slots[GLOBAL], &dev)?), self.sliding.as_ref().map(|_| self.pool.write_index(&write_slots[SLIDING], &dev)).transpose()?];
         let mut step = PagedStep::new(&self.pool, runs, write_index);
         let deepstack = Deepstack::concat(deepstack)?;
         let hidden = model.forward(&embeds, &positions, deepstack.as_ref(), &mut step);
@@ -431,6 +461,11 @@ impl Engine {
             s.num_computed += c.len;
             let extra = s.extra_keys();
             self.bm.commit(&s.table, &s.tokens, &extra, s.num_computed);
+            // Commit before release: the window's blocks given back stay in the prefix cache.
+            if let Some(g) = self.sliding.as_mut() {
+                g.bm.commit(&s.window_table, &s.tokens, &extra, s.num_computed);
+                g.release(&mut s.window_table, s.num_computed, &s.prompt_spans);
+            }
             if let Some(st) = self.states.as_mut().filter(|_| s.snap_at.contains(&s.num_computed)) {
                 if let Some(&key) = self.bm.block_hashes(&s.tokens[..s.num_computed], &extra).last() {
                     st.insert(key, &s.recurrent);
@@ -482,6 +517,9 @@ impl Engine {
         if !s.table.is_empty() {
             self.bm.free(&s.table).map_err(|e| anyhow::anyhow!("freeing blocks of sequence {id}: {e:?}"))?;
         }
+        if let Some(g) = self.sliding.as_mut() {
+            g.bm.free(&s.window_table).map_err(|e| anyhow::anyhow!("freeing sliding-window blocks of sequence {id}: {e:?}"))?;
+        }
         self.preemptions += s.preemptions as u64;
         let text = self.preparer.processor.tokenizer.decode(s.generated(), true)?;
         Ok((
@@ -516,6 +554,16 @@ impl Engine {
             .map(|r| r.and_then(|id| results.remove(&id).unwrap_or_else(|| Err(EngineError::Internal(format!("request {id} vanished"))))))
             .collect()
     }
+}
+
+/// A sequence's block table in each pool group with layers, and the first token position
+/// whose block it still holds there.
+fn kv_tables<'s>(sliding: Option<&SlidingGroup>, s: &'s Sequence) -> Vec<(usize, &'s [BlockId], usize)> {
+    let mut t = vec![(GLOBAL, s.table.as_slice(), 0)];
+    if let Some(g) = sliding {
+        t.push((SLIDING, s.window_table.as_slice(), g.first_held(&s.window_table)));
+    }
+    t
 }
 
 /// Embeddings of tokens `a..b`: the stored prompt embeddings, then plain token embeddings for

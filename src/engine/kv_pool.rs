@@ -1,6 +1,9 @@
 //! The one KV-cache pool: per attention layer, K and V tensors of `num_blocks * block_size`
 //! token slots (recurrent layers of a hybrid model keep fixed-size state per sequence instead
-//! and take no pool memory).
+//! and take no pool memory). The layers form two groups with their own block counts and block
+//! tables: global attention (`GLOBAL`, K/V of every token) and sliding-window attention
+//! (`SLIDING`, K/V of a window's worth per sequence; see `sliding.rs`). `split` shares one
+//! memory budget between them.
 //! The block manager decides which slots a sequence owns; this file only moves tensors.
 //! Writes are in place (`scatter_set`), reads gather a sequence's slots into a dense tensor
 //! for attention (custom paged kernels can replace the gather later, behind the same API).
@@ -10,13 +13,28 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::models::{LayerKind, ModelSpec};
 
+/// The pool group of global attention layers.
+pub const GLOBAL: usize = 0;
+/// The pool group of sliding-window attention layers.
+pub const SLIDING: usize = 1;
+
+/// A layer's pool group (None for layers without K/V).
+fn group_of(kind: &LayerKind) -> Option<usize> {
+    match kind {
+        LayerKind::Attention => Some(GLOBAL),
+        LayerKind::SlidingAttention { .. } => Some(SLIDING),
+        LayerKind::Recurrent { .. } => None,
+    }
+}
+
 pub struct KvPool {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
-    /// Model layer → index into `k`/`v` (None for layers without K/V).
-    slot_of_layer: Vec<Option<usize>>,
+    /// Model layer → (index into `k`/`v`, group, window) (None for layers without K/V).
+    slot_of_layer: Vec<Option<(usize, usize, Option<usize>)>>,
     pub block_size: usize,
-    pub num_blocks: usize,
+    /// Blocks of each group (`GLOBAL`, `SLIDING`).
+    pub num_blocks: [usize; 2],
     kv_heads: usize,
     head_dim: usize,
 }
@@ -87,9 +105,67 @@ impl std::fmt::Display for KvMemory {
     }
 }
 
-/// Bytes of K+V one block takes across all attention layers.
+/// Bytes of K+V one block takes across all attention layers (what a block costs when every
+/// layer keeps every token: the unit `KvMemory::Blocks` counts in).
 pub fn bytes_per_block(spec: &ModelSpec, block_size: usize, dtype: DType) -> u64 {
-    2 * spec.num_attention_layers() as u64 * block_size as u64 * spec.num_kv_heads as u64 * spec.head_dim as u64 * dtype.size_in_bytes() as u64
+    let [g, s] = group_bytes_per_block(spec, block_size, dtype);
+    g + s
+}
+
+/// Bytes of K+V one block of each group takes (its layers only).
+pub fn group_bytes_per_block(spec: &ModelSpec, block_size: usize, dtype: DType) -> [u64; 2] {
+    let per_layer = 2 * block_size as u64 * spec.num_kv_heads as u64 * spec.head_dim as u64 * dtype.size_in_bytes() as u64;
+    [spec.num_global_layers() as u64 * per_layer, spec.num_sliding_layers() as u64 * per_layer]
+}
+
+/// What the sliding group must hold beside the global one: the sequences' windows and one
+/// step's new tokens.
+#[derive(Clone, Copy, Debug)]
+pub struct Load {
+    /// Most sequences running at once.
+    pub max_seqs: usize,
+    /// Tokens one step computes across all sequences (prefill chunks and decodes).
+    pub step_tokens: usize,
+    /// The context requests are held to: the length the split assumes a sequence reaches.
+    pub context: usize,
+}
+
+pub use crate::memory::window_blocks;
+
+/// Shares `bytes` between the groups: `[global, sliding]` block counts. Without sliding layers
+/// the global group takes everything. Otherwise the sliding group gets, for as many sequences
+/// as the global blocks hold contexts of `load.context` tokens (at least one, at most
+/// `load.max_seqs`), each one's window (`window_blocks`), plus one step's tokens (a step's
+/// chunks together grow the windows by at most that): a sequence alone can always take a
+/// full step. The global group gets the rest. Sequences shorter than the context the split
+/// assumes may run out of sliding blocks first; the scheduler then preempts as it does when
+/// global blocks run out. Neither group gets more than it could ever use (`max_tokens` for the
+/// global one).
+pub fn split(bytes: u64, spec: &ModelSpec, block_size: usize, dtype: DType, load: Load) -> Result<[usize; 2]> {
+    let bs = block_size.max(1) as u64;
+    let [g, s] = group_bytes_per_block(spec, block_size, dtype);
+    let max_global = (load.max_seqs as u64).saturating_mul(load.context as u64).div_ceil(bs).max(1);
+    let Some(window) = spec.sliding_window().filter(|_| s > 0) else {
+        return Ok([(bytes / g.max(1)).min(max_global) as usize, 0]);
+    };
+    if g == 0 {
+        bail!("every attention layer of this model is windowed; the KV pool needs at least one global attention layer");
+    }
+    let w = window_blocks(window.min(load.context.max(1)), block_size) as u64;
+    let step = (load.step_tokens.min(load.context.max(1)) as u64).div_ceil(bs);
+    let ctx = (load.context.max(1) as u64).div_ceil(bs);
+    // bytes = N_g·g + (seqs·w + step)·s with seqs = N_g / ctx: solve for N_g, then round.
+    let per_global = g as f64 + w as f64 * s as f64 / ctx as f64;
+    let n_g = ((bytes.saturating_sub((w + step) * s)) as f64 / per_global.max(1.0)) as u64;
+    let seqs = n_g.div_ceil(ctx).clamp(1, load.max_seqs.max(1) as u64);
+    let n_s = seqs * w + step;
+    let left = bytes.checked_sub(n_s * s).filter(|l| *l >= g).map(|l| l / g.max(1));
+    match left {
+        Some(n_g) => Ok([n_g.min(max_global) as usize, n_s as usize]),
+        None => bail!(
+            "{bytes} bytes of KV memory cannot hold one sequence's sliding window ({n_s} blocks of {s} bytes) and a block of the global layers ({g} bytes); give the engine more KV memory"
+        ),
+    }
 }
 
 
@@ -134,22 +210,33 @@ pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype
 }
 
 impl KvPool {
-    pub fn new(spec: &ModelSpec, num_blocks: usize, block_size: usize, dtype: DType, device: &Device) -> Result<Self> {
+    /// `num_blocks`: blocks of each group (`split`).
+    pub fn new(spec: &ModelSpec, num_blocks: [usize; 2], block_size: usize, dtype: DType, device: &Device) -> Result<Self> {
         let (kvh, d) = (spec.num_kv_heads, spec.head_dim);
-        let slots = num_blocks * block_size;
         let n = spec.num_attention_layers();
         let (mut k, mut v) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let mut slot_of_layer = Vec::with_capacity(spec.layers.len());
         for kind in &spec.layers {
-            if *kind == LayerKind::Attention {
-                slot_of_layer.push(Some(k.len()));
-                k.push(Tensor::zeros((slots, kvh * d), dtype, device)?);
-                v.push(Tensor::zeros((slots, kvh * d), dtype, device)?);
-            } else {
+            let Some(g) = group_of(kind) else {
                 slot_of_layer.push(None);
-            }
+                continue;
+            };
+            slot_of_layer.push(Some((k.len(), g, kind.window())));
+            let slots = num_blocks[g] * block_size;
+            k.push(Tensor::zeros((slots, kvh * d), dtype, device)?);
+            v.push(Tensor::zeros((slots, kvh * d), dtype, device)?);
         }
         Ok(KvPool { k, v, slot_of_layer, block_size, num_blocks, kv_heads: kvh, head_dim: d })
+    }
+
+    /// The pool group of `layer`, checked against the window the layer attends with: the
+    /// spec decides where K/V lives, so a layer masking by another window is a bug.
+    pub fn group(&self, layer: usize, window: Option<usize>) -> Result<usize> {
+        let (_, g, spec_window) = self.slot_of_layer.get(layer).copied().flatten().with_context(|| format!("layer {layer} keeps no K/V in the pool"))?;
+        if spec_window != window {
+            bail!("layer {layer} attends with window {window:?} but the model's spec gives it {spec_window:?}");
+        }
+        Ok(g)
     }
 
     /// Attention layers holding K/V in the pool.
@@ -158,7 +245,7 @@ impl KvPool {
     }
 
     fn slot(&self, layer: usize) -> Result<usize> {
-        self.slot_of_layer.get(layer).copied().flatten().with_context(|| format!("layer {layer} keeps no K/V in the pool"))
+        self.slot_of_layer.get(layer).copied().flatten().map(|(l, _, _)| l).with_context(|| format!("layer {layer} keeps no K/V in the pool"))
     }
 
     /// Index tensor for `write`: each slot id repeated across the row width.
@@ -243,12 +330,52 @@ mod tests {
         let per_token = bytes_per_block(&dense, 16, DType::F32) / 16;
         assert_eq!("auto".parse::<KvMemory>().unwrap(), KvMemory::Auto);
         assert_eq!(num_blocks_for(&KvMemory::Auto, &dense, 16, DType::F32, &Device::Cpu, 160).unwrap(), 10, "{per_token}");
-        let pool = KvPool::new(&hybrid, 4, 16, DType::F32, &Device::Cpu).unwrap();
+        let pool = KvPool::new(&hybrid, [4, 0], 16, DType::F32, &Device::Cpu).unwrap();
         assert_eq!(pool.num_layers(), 1);
         let (k, v) = (Tensor::ones((2, 2, 4), DType::F32, &Device::Cpu).unwrap(), Tensor::ones((2, 2, 4), DType::F32, &Device::Cpu).unwrap());
         let idx = pool.write_index(&[0, 1], &Device::Cpu).unwrap();
         assert!(pool.write(3, &idx, &k, &v).is_ok());
         let e = pool.write(0, &idx, &k, &v).unwrap_err().to_string();
         assert!(e.contains("layer 0 keeps no K/V"), "{e}");
+    }
+
+    /// Gemma 3 12B's layers (40 sliding of window 1024, 8 global) in a budget that holds 8
+    /// contexts of 4096 tokens when every layer keeps every token: the split holds more than
+    /// twice the tokens, within the budget, and room for each sequence's window.
+    #[test]
+    fn split_gives_sliding_layers_their_windows_only() {
+        use crate::models::SpecialIds;
+        let mut layers = vec![];
+        for i in 0..48 {
+            layers.push(if (i + 1) % 6 == 0 { LayerKind::Attention } else { LayerKind::SlidingAttention { window: 1024 } });
+        }
+        let spec = ModelSpec {
+            model_type: "gemma3".into(),
+            layers,
+            num_kv_heads: 8,
+            head_dim: 256,
+            hidden_size: 3840,
+            vocab_size: 262_208,
+            max_context: 131_072,
+            special: SpecialIds { image: 1, video: 2, vision_start: 3, vision_end: 4, eos: vec![] },
+            vision: None,
+        };
+        let (bs, dt) = (16, DType::BF16);
+        let all = bytes_per_block(&spec, bs, dt);
+        let budget = all * 8 * 4096 / 16;
+        let load = Load { max_seqs: 64, step_tokens: 2048, context: 4096 };
+        let [n_g, n_s] = split(budget, &spec, bs, dt, load).unwrap();
+        let [g, s] = group_bytes_per_block(&spec, bs, dt);
+        assert!(n_g as u64 * g + n_s as u64 * s <= budget);
+        let seqs = (n_g * bs / 4096) as u64;
+        assert!(seqs >= 16, "{n_g} global blocks: {seqs} contexts of 4096 (8 when every layer is global)");
+        assert!(n_s as u64 >= seqs * window_blocks(1024, bs) as u64 + 2048 / 16);
+        // A model without sliding layers keeps the whole budget global, as before.
+        let dense = ModelSpec { layers: vec![LayerKind::Attention; 4], ..spec.clone() };
+        let per = bytes_per_block(&dense, bs, dt);
+        assert_eq!(split(per * 10, &dense, bs, dt, load).unwrap(), [10, 0]);
+        // Too little for one window: named.
+        let e = split(all * 4, &spec, bs, dt, load).unwrap_err().to_string();
+        assert!(e.contains("cannot hold one sequence's sliding window"), "{e}");
     }
 }

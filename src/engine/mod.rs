@@ -29,6 +29,7 @@ mod ranking;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod sliding;
 pub mod state_cache;
 pub mod sequence;
 pub mod vision_cache;

@@ -5,7 +5,9 @@
 //! reading its slots in place, and every other run (prefill chunks) over the gather of all its
 //! slots. Elsewhere (and with `MERG_CPU_KERNELS=generic`) all runs attend in one computation
 //! per layer (`batched`). Recurrent layers: each sequence's own fixed-size state, taken from
-//! the sequence for the step.
+//! the sequence for the step. Global and sliding-window layers keep K/V in their own pool
+//! groups (`kv_pool::GLOBAL`, `SLIDING`): each run carries its slots in both, the sliding
+//! ones starting at the first block the sequence still holds.
 
 use std::cell::OnceCell;
 
@@ -19,46 +21,74 @@ pub struct SeqRun {
     /// First row of this sequence's tokens in the packed step.
     pub start: usize,
     pub len: usize,
-    /// Slots of every token of the sequence up to the end of this run (`[past + len]`, u32).
-    pub context_slots: Tensor,
-    /// The same slots on the host (the in-place CPU decode kernel reads them).
-    pub slots: Vec<u32>,
+    /// Tokens of the sequence before this run.
+    pub past: usize,
+    /// The run's K/V slots in each pool group (`GLOBAL`, `SLIDING`; None for a group without
+    /// layers).
+    pub groups: [Option<RunSlots>; 2],
     /// The sequence's per-layer recurrent state (empty for models without recurrent layers).
     pub recurrent: Vec<RecurrentState>,
     /// Bidirectional spans of this run's tokens, as positions in the sequence (half-open).
     pub spans: Vec<(usize, usize)>,
 }
 
+/// Slots of a sequence's tokens `first..past + len` in one pool group.
+pub struct RunSlots {
+    /// Position of `slots[0]` in the sequence (0 in the global group; in the sliding group
+    /// the first token whose block is still held).
+    pub first: usize,
+    pub slots: Vec<u32>,
+    /// The same slots on the device (`[past + len − first]`, u32).
+    pub tensor: Tensor,
+}
+
+impl RunSlots {
+    pub fn new(first: usize, slots: Vec<u32>, dev: &candle_core::Device) -> Result<Self> {
+        Ok(RunSlots { first, tensor: Tensor::new(slots.as_slice(), dev)?, slots })
+    }
+}
+
 impl SeqRun {
-    /// Tokens of the sequence before this run.
     fn past(&self) -> usize {
-        self.slots.len() - self.len
+        self.past
     }
 
     fn visibility(&self, window: Option<usize>) -> Visibility<'_> {
         Visibility { window, spans: &self.spans }
     }
 
-    /// A one-token run whose query sees every key from `first` on: the decode kernel's case.
-    fn decodes(&self, window: Option<usize>) -> Option<usize> {
+    /// The first key this run's queries see and its index into the group's slots. An error
+    /// if the group gave that key's block back (a bookkeeping bug: wrong keys otherwise).
+    fn keys(&self, group: usize, window: Option<usize>) -> Result<(usize, &RunSlots)> {
+        let g = self.groups[group].as_ref().ok_or_else(|| candle_core::Error::Msg(format!("no slots in pool group {group}")))?;
+        let first = self.visibility(window).first_key(self.past, self.len);
+        if first < g.first {
+            return Err(candle_core::Error::Msg(format!("key {first} is seen but its block was released (slots start at {})", g.first)));
+        }
+        Ok((first - g.first, g))
+    }
+
+    /// A one-token run whose query sees every key from its first on: the decode kernel's
+    /// case; the index of that key in the group's slots.
+    fn decodes(&self, group: usize, window: Option<usize>) -> Result<Option<usize>> {
         let (vis, past) = (self.visibility(window), self.past());
-        let first = vis.first_key(past, 1);
-        (self.len == 1 && (first..=past).all(|j| vis.sees(past, j))).then_some(first)
+        let (at, g) = self.keys(group, window)?;
+        Ok((self.len == 1 && (g.first + at..=past).all(|j| vis.sees(past, j))).then_some(at))
     }
 }
 
 pub struct PagedStep<'a> {
     pool: &'a KvPool,
     pub runs: Vec<SeqRun>,
-    /// Slot of every packed token, broadcast for `KvPool::write`.
-    write_index: Tensor,
+    /// Slot of every packed token in each pool group, broadcast for `KvPool::write`.
+    write_index: [Option<Tensor>; 2],
     /// The batched path's indices and mask, built at the step's first attention layer of each
-    /// window (none, or a sliding layer's).
+    /// group (global, or sliding with its window).
     batch: [OnceCell<Batch>; 2],
 }
 
 impl<'a> PagedStep<'a> {
-    pub fn new(pool: &'a KvPool, runs: Vec<SeqRun>, write_index: Tensor) -> Self {
+    pub fn new(pool: &'a KvPool, runs: Vec<SeqRun>, write_index: [Option<Tensor>; 2]) -> Self {
         PagedStep { pool, runs, write_index, batch: [OnceCell::new(), OnceCell::new()] }
     }
 }
@@ -80,20 +110,22 @@ struct Batch {
 }
 
 impl Batch {
-    fn new(runs: &[SeqRun], window: Option<usize>, dev: &candle_core::Device, dtype: candle_core::DType) -> Result<Batch> {
+    /// Each run's keys from the first its queries see (`SeqRun::keys`), in `group`.
+    fn new(runs: &[SeqRun], group: usize, window: Option<usize>, dev: &candle_core::Device, dtype: candle_core::DType) -> Result<Batch> {
+        let keys = runs.iter().map(|r| r.keys(group, window).map(|(at, g)| (g.first + at, &g.slots[at..]))).collect::<Result<Vec<_>>>()?;
         let qmax = runs.iter().map(|r| r.len).max().unwrap_or(1);
-        let lmax = runs.iter().map(|r| r.slots.len()).max().unwrap_or(1);
+        let lmax = keys.iter().map(|(_, k)| k.len()).max().unwrap_or(1);
         let (mut slots, mut rows, mut mask, mut keep) = (vec![], vec![], vec![], vec![]);
-        for (i, r) in runs.iter().enumerate() {
+        for (i, (r, &(first, ks))) in runs.iter().zip(&keys).enumerate() {
             let (past, vis) = (r.past(), r.visibility(window));
-            slots.extend(r.slots.iter().copied().chain(std::iter::repeat(*r.slots.last().unwrap_or(&0))).take(lmax));
+            slots.extend(ks.iter().copied().chain(std::iter::repeat(*ks.last().unwrap_or(&0))).take(lmax));
             rows.extend((0..qmax).map(|t| (r.start + t.min(r.len - 1)) as u32));
             keep.extend((0..r.len).map(|t| (i * qmax + t) as u32));
             // A padded query row sees its run's keys like the last real row (its output is dropped),
             // and no query sees the padding keys.
             for t in 0..qmax {
                 let i = past + t.min(r.len - 1);
-                mask.extend((0..lmax).map(|j| if j < r.slots.len() && vis.sees(i, j) { 0f32 } else { f32::NEG_INFINITY }));
+                mask.extend((0..lmax).map(|j| if j < ks.len() && vis.sees(i, first + j) { 0f32 } else { f32::NEG_INFINITY }));
             }
         }
         let r = runs.len();
@@ -113,11 +145,12 @@ impl PagedStep<'_> {
     /// grouped-query product. `q: [T, H, d]` → `[T, H·d]`, equal to `causal_gqa` per run.
     fn batched(&self, layer: usize, q: &Tensor, scale: f64, window: Option<usize>) -> Result<Tensor> {
         let (_, h, d) = q.dims3()?;
-        let cell = &self.batch[window.is_some() as usize];
+        let group = self.pool.group(layer, window).map_err(candle_core::Error::wrap)?;
+        let cell = &self.batch[group];
         let b = match cell.get() {
             Some(b) => b,
             None => {
-                let b = Batch::new(&self.runs, window, q.device(), q.dtype())?;
+                let b = Batch::new(&self.runs, group, window, q.device(), q.dtype())?;
                 cell.get_or_init(|| b)
             }
         };
@@ -142,7 +175,9 @@ impl StepCache for PagedStep<'_> {
     }
 
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, window: Option<usize>) -> Result<Tensor> {
-        self.pool.write(layer, &self.write_index, k, v).map_err(candle_core::Error::wrap)?;
+        let group = self.pool.group(layer, window).map_err(candle_core::Error::wrap)?;
+        let index = self.write_index[group].as_ref().ok_or_else(|| candle_core::Error::Msg(format!("no write slots for pool group {group}")))?;
+        self.pool.write(layer, index, k, v).map_err(candle_core::Error::wrap)?;
         if !crate::cpu::host_paths(q.device()) {
             return self.batched(layer, q, scale, window);
         }
@@ -151,11 +186,17 @@ impl StepCache for PagedStep<'_> {
         // prefill chunk is in its step (the two kernels round differently in bf16, and which
         // steps mix depends on the scheduler, e.g. on prefix sharing). A sliding layer's
         // decode reads only the window's slots.
-        let one: Vec<(usize, usize)> = (0..self.runs.len()).filter_map(|i| self.runs[i].decodes(window).map(|f| (i, f))).collect();
+        let mut one = vec![];
+        for (i, r) in self.runs.iter().enumerate() {
+            if let Some(at) = r.decodes(group, window)? {
+                one.push((i, at));
+            }
+        }
         let mut decoded = None;
         if !one.is_empty() {
             let (kp, vp, kv_heads) = self.pool.layer(layer).map_err(candle_core::Error::wrap)?;
-            let queries: Vec<_> = one.iter().map(|&(i, first)| crate::cpu::attention::Query { slots: &self.runs[i].slots[first..] }).collect();
+            let slots = |i: usize| &self.runs[i].groups[group].as_ref().expect("checked by decodes").slots;
+            let queries: Vec<_> = one.iter().map(|&(i, at)| crate::cpu::attention::Query { slots: &slots(i)[at..] }).collect();
             let qd = match one.len() == self.runs.len() {
                 true => q.clone(),
                 false => q.index_select(&Tensor::new(one.iter().map(|&(i, _)| self.runs[i].start as u32).collect::<Vec<_>>(), q.device())?, 0)?,
@@ -177,9 +218,9 @@ impl StepCache for PagedStep<'_> {
                 }
                 _ => {
                     let (vis, past) = (r.visibility(window), r.past());
-                    let first = vis.first_key(past, r.len);
-                    let (kc, vc) = self.pool.gather(layer, &r.context_slots.narrow(0, first, r.slots.len() - first)?).map_err(candle_core::Error::wrap)?;
-                    outs.push(masked_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, scale, Keys { past, first }, &vis)?);
+                    let (at, g) = r.keys(group, window)?;
+                    let (kc, vc) = self.pool.gather(layer, &g.tensor.narrow(0, at, g.slots.len() - at)?).map_err(candle_core::Error::wrap)?;
+                    outs.push(masked_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, scale, Keys { past, first: g.first + at }, &vis)?);
                 }
             }
         }
@@ -212,10 +253,10 @@ mod tests {
 
     /// One attention layer's pool of 8 blocks of 4 slots (2 kv heads of 8), every slot holding
     /// seeded random K and V (seeds `kv`), returned beside it.
-    fn filled_pool(kv: (u64, u64)) -> anyhow::Result<(KvPool, Tensor, Tensor)> {
+    fn filled_pool(kind: LayerKind, kv: (u64, u64)) -> anyhow::Result<(KvPool, Tensor, Tensor)> {
         let spec = ModelSpec {
             model_type: "test".into(),
-            layers: vec![LayerKind::Attention],
+            layers: vec![kind],
             num_kv_heads: 2,
             head_dim: 8,
             hidden_size: 32,
@@ -225,7 +266,7 @@ mod tests {
             vision: None,
         };
         let dev = Device::Cpu;
-        let pool = KvPool::new(&spec, 8, 4, DType::F32, &dev)?;
+        let pool = KvPool::new(&spec, [8, 8], 4, DType::F32, &dev)?;
         let all: Vec<u32> = (0..32).collect();
         let (k, v) = (crate::testing::randn(kv.0, (32, 2, 8), 1.0)?, crate::testing::randn(kv.1, (32, 2, 8), 1.0)?);
         pool.write(0, &pool.write_index(&all, &dev)?, &k, &v)?;
@@ -238,21 +279,22 @@ mod tests {
     #[test]
     fn batched_attention_equals_attention_per_run() -> anyhow::Result<()> {
         let dev = Device::Cpu;
-        let (pool, _, _) = filled_pool((1, 2))?;
+        let (pool, _, _) = filled_pool(LayerKind::Attention, (1, 2))?;
         let contexts: [(Vec<u32>, usize); 4] = [((0..5).collect(), 1), ((8..17).collect(), 1), ((20..27).rev().collect(), 3), ((28..32).collect(), 4)];
         let (mut runs, mut start) = (vec![], 0);
         for (slots, len) in contexts {
-            runs.push(SeqRun { start, len, context_slots: Tensor::new(slots.as_slice(), &dev)?, slots, recurrent: vec![], spans: vec![] });
+            let past = slots.len() - len;
+            runs.push(SeqRun { start, len, past, groups: [Some(RunSlots::new(0, slots, &dev)?), None], recurrent: vec![], spans: vec![] });
             start += len;
         }
         let q = crate::testing::randn(3, (start, 4, 8), 1.0)?;
         let mut want = vec![];
         for r in &runs {
-            let (kc, vc) = pool.gather(0, &r.context_slots)?;
+            let (kc, vc) = pool.gather(0, &r.groups[0].as_ref().unwrap().tensor)?;
             want.push(causal_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, 0.35)?);
         }
         let want = Tensor::cat(&want, 0)?;
-        let step = PagedStep::new(&pool, runs, Tensor::zeros(1, DType::U32, &dev)?);
+        let step = PagedStep::new(&pool, runs, [None, None]);
         let got = step.batched(0, &q, 0.35, None)?;
         assert_eq!(got.dims(), want.dims());
         let err = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
@@ -262,32 +304,34 @@ mod tests {
 
     /// Sliding-window layers with a bidirectional span: the batched computation, the per-run
     /// path and the decode kernel over the window's slots all equal `masked_gqa` over the whole
-    /// context with the same visibility.
+    /// context with the same visibility, also when the run's slots start at a later block (the
+    /// sliding group gave the earlier ones back).
     #[test]
     fn windowed_and_bidirectional_runs_equal_masked_attention() -> anyhow::Result<()> {
         let dev = Device::Cpu;
-        let (pool, k, v) = filled_pool((4, 5))?;
-        // (slots, new tokens, spans): a decode, a chunk with an image span reaching back past
-        // the window, a fresh prefill with a span.
-        let contexts: [(Vec<u32>, usize, Vec<(usize, usize)>); 3] = [((0..9).collect(), 1, vec![]), ((10..22).collect(), 6, vec![(3, 9)]), ((24..31).collect(), 7, vec![(1, 5)])];
-        let (mut runs, mut start) = (vec![], 0);
-        for (slots, len, spans) in contexts {
-            runs.push(SeqRun { start, len, context_slots: Tensor::new(slots.as_slice(), &dev)?, slots, recurrent: vec![], spans });
-            start += len;
-        }
-        let q = crate::testing::randn(6, (start, 4, 8), 1.0)?;
         let window = Some(3);
-        let mut want = vec![];
-        for r in &runs {
-            let (kc, vc) = pool.gather(0, &r.context_slots)?;
-            want.push(masked_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, 0.35, Keys { past: r.past(), first: 0 }, &r.visibility(window))?);
+        let (pool, k, v) = filled_pool(LayerKind::SlidingAttention { window: 3 }, (4, 5))?;
+        // (slots, new tokens, spans, first held): a decode whose first block was released, a
+        // chunk with an image span reaching back past the window, a fresh prefill with a span.
+        let contexts: [(Vec<u32>, usize, Vec<(usize, usize)>, usize); 3] = [((0..9).collect(), 1, vec![], 4), ((10..22).collect(), 6, vec![(3, 9)], 0), ((24..31).collect(), 7, vec![(1, 5)], 0)];
+        let q = crate::testing::randn(6, (14, 4, 8), 1.0)?;
+        let (mut runs, mut want, mut start) = (vec![], vec![], 0);
+        for (slots, len, spans, first) in contexts {
+            let past = slots.len() - len;
+            let (kc, vc) = pool.gather(0, &Tensor::new(slots.as_slice(), &dev)?)?;
+            let vis = Visibility { window, spans: &spans };
+            want.push(masked_gqa(&q.narrow(0, start, len)?, &kc, &vc, 0.35, Keys { past, first: 0 }, &vis)?);
+            runs.push(SeqRun { start, len, past, groups: [None, Some(RunSlots::new(first, slots[first..].to_vec(), &dev)?)], recurrent: vec![], spans });
+            start += len;
         }
         let want = Tensor::cat(&want, 0)?;
         // The step's new tokens are the last of each context: writing them again changes nothing.
-        let new: Vec<u32> = runs.iter().flat_map(|r| r.slots[r.past()..].to_vec()).collect();
+        let new: Vec<u32> = runs.iter().flat_map(|r| { let g = r.groups[1].as_ref().unwrap(); g.slots[r.past - g.first..].to_vec() }).collect();
         let rows = Tensor::new(new.as_slice(), &dev)?;
         let (kn, vn) = (k.index_select(&rows, 0)?, v.index_select(&rows, 0)?);
-        let mut step = PagedStep::new(&pool, runs, pool.write_index(&new, &dev)?);
+        let mut step = PagedStep::new(&pool, runs, [None, Some(pool.write_index(&new, &dev)?)]);
+        let wrong = step.attend(0, &q, &kn, &vn, 0.35, None).unwrap_err().to_string();
+        assert!(wrong.contains("the model's spec gives it Some(3)"), "{wrong}");
         let batched = step.batched(0, &q, 0.35, window)?;
         let err = (&batched - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(err < 1e-6, "batched {err}");

@@ -8,6 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::block_manager::BlockManager;
+use super::sliding::SlidingGroup;
 use super::state_cache::StateCache;
 use super::sequence::{SeqId, Sequence, Status};
 
@@ -64,7 +65,9 @@ impl Scheduler {
 
     /// Picks this step's work. Sequences that cannot fit even alone in the pool are returned
     /// in `overflow` so the engine can finish them instead of looping.
-    pub fn schedule(&mut self, seqs: &mut HashMap<SeqId, Sequence>, bm: &mut BlockManager, mut states: Option<&mut StateCache>) -> (Vec<Chunk>, Vec<SeqId>) {
+    /// `sliding`: the pool's sliding group, for models with sliding-window layers; a sequence
+    /// runs only when both groups have its blocks.
+    pub fn schedule(&mut self, seqs: &mut HashMap<SeqId, Sequence>, bm: &mut BlockManager, mut states: Option<&mut StateCache>, mut sliding: Option<&mut SlidingGroup>) -> (Vec<Chunk>, Vec<SeqId>) {
         let mut chunks = vec![];
         let mut overflow = vec![];
         let mut budget = self.cfg.max_step_tokens;
@@ -75,7 +78,8 @@ impl Scheduler {
             let seq = seqs.get_mut(&id).expect("running sequence exists");
             let n = seq.next_chunk(budget);
             let target = seq.num_computed + n;
-            if bm.grow(&mut seq.table, target) {
+            let grown = bm.grow(&mut seq.table, target);
+            if grown && sliding.as_deref_mut().is_none_or(|g| g.bm.grow(&mut seq.window_table, target)) {
                 chunks.push(Chunk { seq: id, len: n });
                 budget = budget.saturating_sub(n);
                 i += 1;
@@ -89,7 +93,7 @@ impl Scheduler {
                 self.running.remove(i);
                 continue;
             }
-            self.preempt(victim, seqs, bm);
+            self.preempt(victim, seqs, bm, sliding.as_deref_mut());
             if victim == id {
                 continue; // this one went back to waiting; i now points past the end
             }
@@ -108,12 +112,40 @@ impl Scheduler {
                 Some(st) => (1..=cached.len()).rev().find(|&k| st.contains(cached[k - 1])).unwrap_or(0),
                 None => usize::MAX,
             };
+            // Sliding layers resume only where their window's blocks are still cached.
+            let resume = match sliding.as_deref() {
+                Some(g) => g.usable_hit(&seq.tokens, &extra, &seq.prompt_spans, cached.len().min(resume)),
+                None => resume,
+            };
             if in_flight(seq, cached.len().min(resume), &self.running, seqs, bm, states.is_some()) {
                 w += 1;
                 continue;
             }
             let seq = seqs.get_mut(&id).expect("waiting sequence exists");
-            let Some(alloc) = bm.allocate_capped(&seq.tokens, &extra, resume) else {
+            // The sliding table first (it counts no statistics), given back if the global
+            // group is short; both resume after the same blocks.
+            let hit = cached.len().min(resume);
+            let window_table = match sliding.as_deref_mut() {
+                Some(g) => {
+                    // Only as far as the first chunk: later chunks grow it as the global
+                    // table would, and the window's start is given back behind them.
+                    seq.num_computed = hit * bm.block_size();
+                    let end = seq.num_computed + seq.next_chunk(budget);
+                    seq.num_computed = 0;
+                    g.allocate(&seq.tokens, &extra, &seq.prompt_spans, hit, end)
+                }
+                None => Some(vec![]),
+            };
+            let both = window_table.and_then(|t| match bm.allocate_capped(&seq.tokens, &extra, hit) {
+                Some(a) => Some((a, t)),
+                None => {
+                    if let Some(g) = sliding.as_deref_mut() {
+                        let _ = g.bm.free(&t);
+                    }
+                    None
+                }
+            });
+            let Some((alloc, window_table)) = both else {
                 if self.running.is_empty() && chunks.is_empty() {
                     // Nothing else holds blocks: this sequence can never fit.
                     self.waiting.remove(w);
@@ -124,6 +156,7 @@ impl Scheduler {
             };
             self.waiting.remove(w);
             seq.table = alloc.table;
+            seq.window_table = window_table;
             seq.num_computed = alloc.num_cached_tokens;
             if let Some(st) = states.as_deref_mut() {
                 let bs = bm.block_size();
@@ -146,11 +179,15 @@ impl Scheduler {
         (chunks, overflow)
     }
 
-    fn preempt(&mut self, id: SeqId, seqs: &mut HashMap<SeqId, Sequence>, bm: &mut BlockManager) {
+    fn preempt(&mut self, id: SeqId, seqs: &mut HashMap<SeqId, Sequence>, bm: &mut BlockManager, sliding: Option<&mut SlidingGroup>) {
         let seq = seqs.get_mut(&id).expect("preempted sequence exists");
-        // Blocks come from this manager, so freeing cannot double-free; ignore the Ok.
+        // Blocks come from these managers, so freeing cannot double-free; ignore the Ok.
         let _ = bm.free(&seq.table);
         seq.table.clear();
+        if let Some(g) = sliding {
+            let _ = g.bm.free(&seq.window_table);
+        }
+        seq.window_table.clear();
         seq.num_computed = 0;
         // Recomputation starts from the first token, so recurrent layers start from zero.
         seq.recurrent.iter_mut().for_each(|r| *r = Default::default());

@@ -36,7 +36,11 @@ pub struct Sequence {
     pub rope_delta: i64,
     /// Tokens whose K/V are in the pool (and whose effect is in the recurrent state).
     pub num_computed: usize,
+    /// Blocks of the global attention layers (the pool's `GLOBAL` group).
     pub table: Vec<BlockId>,
+    /// Blocks of the sliding-window layers (`SLIDING` group; empty without such layers),
+    /// indexed like `table`, `RELEASED` before the window.
+    pub window_table: Vec<BlockId>,
     /// One per model layer; only recurrent layers use theirs. Reset on preemption.
     pub recurrent: Vec<RecurrentState>,
     /// Hybrid models: where this prompt likely branches from others (after its last media

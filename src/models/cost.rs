@@ -12,8 +12,12 @@ use super::{LayerKind, ModelSpec};
 pub struct TokenCost {
     /// Linear weights one decode token reads (MoE: its top-k experts; a tied head counted).
     pub weight_bytes: f64,
-    /// K and V bytes read per decode token per position of context.
+    /// K and V bytes read per decode token per position of context (global attention layers).
     pub kv_bytes_per_position: f64,
+    /// The same for the sliding-window layers, which read at most `window` positions.
+    pub sliding_kv_bytes_per_position: f64,
+    /// Their window (0 without sliding layers).
+    pub window: f64,
     /// Matmul FLOPs of one token (2 per weight) …
     pub flops: f64,
     /// … plus attention FLOPs per position of context.
@@ -36,13 +40,17 @@ impl TokenCost {
         if p.tied_head {
             linear += (spec.vocab_size * spec.hidden_size) as f64;
         }
-        let attn = spec.num_attention_layers() as f64;
+        let (global, sliding) = (spec.num_global_layers() as f64, spec.num_sliding_layers() as f64);
+        let attn = global + sliding;
+        let kv_row = 2.0 * (spec.num_kv_heads * spec.head_dim) as f64 * kv_bytes;
         // Query heads are not in the spec; hidden ÷ head_dim is exact for Qwen2 shapes and
         // close for the others (attention is a small share of a short context's FLOPs).
         let q_heads = (spec.hidden_size / spec.head_dim.max(1)).max(1) as f64;
         TokenCost {
             weight_bytes: linear * bytes_per_weight,
-            kv_bytes_per_position: 2.0 * attn * (spec.num_kv_heads * spec.head_dim) as f64 * kv_bytes,
+            kv_bytes_per_position: global * kv_row,
+            sliding_kv_bytes_per_position: sliding * kv_row,
+            window: spec.sliding_window().unwrap_or(0) as f64,
             flops: 2.0 * linear,
             // Scores and the weighted sum: 2 × 2 FLOPs per head dimension per position.
             attn_flops_per_position: 4.0 * attn * q_heads * spec.head_dim as f64,
@@ -53,7 +61,7 @@ impl TokenCost {
 
     /// Bytes one decode step reads at `context` positions.
     pub fn decode_bytes(&self, context: f64) -> f64 {
-        self.weight_bytes + self.kv_bytes_per_position * context
+        self.weight_bytes + self.kv_bytes_per_position * context + self.sliding_kv_bytes_per_position * context.min(self.window)
     }
 
     /// FLOPs of a causal prefill of `tokens` tokens, logits for the last one only (as
@@ -71,7 +79,7 @@ pub fn state_bytes_per_seq(spec: &ModelSpec) -> u64 {
         .iter()
         .map(|k| match k {
             LayerKind::Recurrent { conv_shape, state_shape } => (conv_shape.iter().product::<usize>() + state_shape.iter().product::<usize>()) as u64 * 4,
-            LayerKind::Attention => 0,
+            LayerKind::Attention | LayerKind::SlidingAttention { .. } => 0,
         })
         .sum()
 }
@@ -83,8 +91,12 @@ mod cost_tests {
     /// A prefill computes the head for its last token only; one token costs a decode step.
     #[test]
     fn prefill_counts_the_head_once() {
-        let c = TokenCost { weight_bytes: 0.0, kv_bytes_per_position: 0.0, flops: 10.0, attn_flops_per_position: 0.0, head_flops: 4.0 };
+        let c = TokenCost { weight_bytes: 0.0, kv_bytes_per_position: 0.0, sliding_kv_bytes_per_position: 0.0, window: 0.0, flops: 10.0, attn_flops_per_position: 0.0, head_flops: 4.0 };
         assert_eq!(c.prefill_flops(1.0), 10.0);
         assert_eq!(c.prefill_flops(5.0), 6.0 * 5.0 + 4.0);
+        // A decode step reads the sliding layers' K/V of the window only.
+        let d = TokenCost { weight_bytes: 100.0, kv_bytes_per_position: 2.0, sliding_kv_bytes_per_position: 10.0, window: 8.0, ..c };
+        assert_eq!(d.decode_bytes(4.0), 100.0 + 8.0 + 40.0);
+        assert_eq!(d.decode_bytes(20.0), 100.0 + 40.0 + 80.0);
     }
 }

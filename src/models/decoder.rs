@@ -80,7 +80,11 @@ impl DecoderConfig {
                     let (conv_shape, state_shape) = s.state_shapes();
                     LayerKind::Recurrent { conv_shape, state_shape }
                 }
-                None => LayerKind::Attention,
+                // Gemma 3's local layers: the engine keeps only their window's K/V.
+                None => match self.gemma.as_ref().and_then(|g| g.window(i)) {
+                    Some(window) => LayerKind::SlidingAttention { window },
+                    None => LayerKind::Attention,
+                },
             })
             .collect()
     }

@@ -38,6 +38,10 @@ pub type Positions = [Vec<i64>; 3];
 pub enum LayerKind {
     /// Softmax attention: K/V of every past token, in the paged pool.
     Attention,
+    /// Softmax attention over the last `window` tokens only (Gemma 3's local layers; itself
+    /// included, as transformers counts it): K/V of the window's tokens, in the pool's sliding
+    /// group, which releases older blocks as a sequence advances.
+    SlidingAttention { window: usize },
     /// Linear attention / SSM (Gated DeltaNet): a fixed-size state per sequence — a causal
     /// convolution window and a recurrent matrix — whatever the sequence length.
     Recurrent { conv_shape: Vec<usize>, state_shape: Vec<usize> },
@@ -127,9 +131,41 @@ pub struct ModelSpec {
     pub vision: Option<VisionSpec>,
 }
 
+impl LayerKind {
+    /// Whether the layer keeps K/V in the paged pool (global or sliding attention).
+    pub fn has_kv(&self) -> bool {
+        !matches!(self, LayerKind::Recurrent { .. })
+    }
+
+    /// The sliding window of a windowed attention layer.
+    pub fn window(&self) -> Option<usize> {
+        match self {
+            LayerKind::SlidingAttention { window } => Some(*window),
+            _ => None,
+        }
+    }
+}
+
 impl ModelSpec {
+    /// Layers with K/V in the pool: global and sliding attention.
     pub fn num_attention_layers(&self) -> usize {
+        self.layers.iter().filter(|k| k.has_kv()).count()
+    }
+
+    /// Attention layers over every past token (K/V per token of the sequence).
+    pub fn num_global_layers(&self) -> usize {
         self.layers.iter().filter(|k| **k == LayerKind::Attention).count()
+    }
+
+    /// Sliding-window attention layers (K/V of a window's worth of tokens per sequence).
+    pub fn num_sliding_layers(&self) -> usize {
+        self.layers.iter().filter(|k| k.window().is_some()).count()
+    }
+
+    /// The widest window of the sliding layers (the pool's sliding group keeps that many
+    /// tokens, enough for every narrower window too); `None` without sliding layers.
+    pub fn sliding_window(&self) -> Option<usize> {
+        self.layers.iter().filter_map(LayerKind::window).max()
     }
 
     /// Layers with recurrent state (the prefix cache cannot restore them from K/V blocks).
@@ -287,6 +323,10 @@ mod tests {
         };
         assert_eq!(spec.num_attention_layers(), 2);
         assert!(spec.has_recurrent_layers());
+        assert_eq!(spec.sliding_window(), None);
+        let gemma = ModelSpec { layers: vec![LayerKind::SlidingAttention { window: 8 }, LayerKind::Attention, LayerKind::SlidingAttention { window: 4 }], ..spec };
+        assert_eq!((gemma.num_attention_layers(), gemma.num_global_layers(), gemma.num_sliding_layers()), (3, 1, 2));
+        assert_eq!(gemma.sliding_window(), Some(8));
         let v = VisionSpec { patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2, video_timestamps: false, video_outer_markers: false, anyres: None };
         assert_eq!(v.tokens(&MediaGrid::image([1, 32, 32])), 256);
     }

@@ -194,6 +194,10 @@ impl Config {
         if t.sliding_window == 0 {
             bail!("text_config: sliding_window must be at least 1");
         }
+        // A window past the context would make the local layers global in all but name.
+        if t.sliding_window > t.max_position_embeddings {
+            bail!("text_config: sliding_window {} is larger than the context (max_position_embeddings {})", t.sliding_window, t.max_position_embeddings);
+        }
         Ok(())
     }
 }
@@ -283,5 +287,15 @@ mod tests {
         assert_eq!(&g.sliding[..6], &[true, true, true, true, true, false]);
         assert_eq!((g.global_rope_factor, g.sliding_window, c.text.head_dim), (8.0, 1024, 256));
         assert_eq!((c.pool(), c.special.image, c.special.vision_start), (4, 262_144, 255_999));
+        // The spec carries the window on the local layers.
+        use crate::models::LayerKind;
+        let kinds = c.decoder.layer_kinds();
+        assert_eq!((kinds[0].clone(), kinds[5].clone()), (LayerKind::SlidingAttention { window: 1024 }, LayerKind::Attention));
+    }
+
+    #[test]
+    fn window_larger_than_the_context_is_named() {
+        let e = Config::from_value(&serde_json::json!({"model_type": "gemma3", "text_config": {"sliding_window": 8192, "max_position_embeddings": 4096}})).unwrap_err();
+        assert!(format!("{e:#}").contains("sliding_window 8192 is larger than the context (max_position_embeddings 4096)"), "{e:#}");
     }
 }
