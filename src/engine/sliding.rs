@@ -117,7 +117,9 @@ mod tests {
         assert_eq!(g.usable_hit(&t, &[], &[], 9), 9);
         let b = g.allocate(&t, &[], &[], 9, 40).unwrap();
         assert_eq!((&b[..7], b.len()), (&[RELEASED; 7][..], 10));
-        assert_eq!(&b[7..9], &table[7..9]);
+        let hashes = g.bm.block_hashes(&t[..36], &[]);
+        assert_eq!((g.bm.cached_hash(b[7]), g.bm.cached_hash(b[8])), (Some(hashes[7]), Some(hashes[8])), "revived");
+        assert_eq!(b[8], table[8], "block 8 still held by the first table");
         // An image span reaching back keeps its first block.
         assert_eq!(g.keep_from(36, &[(10, 30)]), 10);
         g.bm.free(&table).unwrap();

@@ -295,7 +295,7 @@ mod tests {
 
     #[test]
     fn window_larger_than_the_context_is_named() {
-        let e = Config::from_value(&serde_json::json!({"model_type": "gemma3", "text_config": {"sliding_window": 8192, "max_position_embeddings": 4096}})).unwrap_err();
+        let e = Config::from_value(&serde_json::json!({"model_type": "gemma3", "mm_tokens_per_image": 196, "text_config": {"sliding_window": 8192, "max_position_embeddings": 4096}})).unwrap_err();
         assert!(format!("{e:#}").contains("sliding_window 8192 is larger than the context (max_position_embeddings 4096)"), "{e:#}");
     }
 }
