@@ -194,6 +194,9 @@ impl Config {
         if t.sliding_window == 0 {
             bail!("text_config: sliding_window must be at least 1");
         }
+        if t.sliding_window > t.max_position_embeddings {
+            bail!("text_config: sliding_window {} is larger than the context (max_position_embeddings {})", t.sliding_window, t.max_position_embeddings);
+        }
         Ok(())
     }
 }

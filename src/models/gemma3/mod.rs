@@ -38,7 +38,7 @@ impl FamilyConfig for Config {
             max_context: t.max_position_embeddings,
             special: self.special.clone(),
             // An image is one square grid of patches; `pool × pool` of them make a token.
-            vision: Some(VisionSpec { patch_size: self.vision.patch_size, spatial_merge_size: self.pool(), temporal_patch_size: 1, video_timestamps: false, video_outer_markers: false, anyres: None }),
+            vision: Some(VisionSpec { patch_size: self.vision.patch_size, spatial_merge_size: self.pool(), temporal_patch_size: 1, video_timestamps: false, video_outer_markers: false, anyres: None, image_side: Some(self.vision.image_size) }),
         }
     }
 
