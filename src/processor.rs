@@ -107,7 +107,8 @@ impl Processor {
         let v = self.check_media_kind(is_video)?;
         let p = &self.preprocessor;
         if let Some([fh, fw]) = p.fixed_size {
-            return Ok(MediaGrid { size: [h, w], ..MediaGrid::image([1, fh / p.patch_size, fw / p.patch_size]) });
+            let crops = p.pan_and_scan.as_ref().map_or(0, |ps| ps.crops([h, w]).len());
+            return Ok(MediaGrid { size: [h, w], ..MediaGrid::image([1 + crops, fh / p.patch_size, fw / p.patch_size]) });
         }
         if let (Some(a), false) = (&p.anyres, is_video) {
             let side = a.tile / v.patch_size.max(1);
@@ -162,6 +163,11 @@ impl Processor {
 
 /// How the prompt spells one media item.
 fn placeholder(v: &VisionSpec, g: &MediaGrid) -> Placeholder {
+    // A fixed-size image with pan-and-scan crops: the whole image, then each crop.
+    if v.image_side.is_some() && !g.is_video && g.thw[0] > 1 {
+        let per_image = v.tokens(&MediaGrid { thw: [1, g.thw[1], g.thw[2]], ..g.clone() });
+        return Placeholder::Crops { per_image, crops: g.thw[0] - 1 };
+    }
     if g.is_video && v.video_timestamps {
         let per_step = v.tokens(&MediaGrid { thw: [1, g.thw[1], g.thw[2]], ..g.clone() });
         Placeholder::Steps { per_step, seconds: g.step_seconds(v.temporal_patch_size), keep_outer: v.video_outer_markers }

@@ -143,6 +143,10 @@ pub enum Placeholder {
     /// `<|vision_start|><|video_pad|><|vision_end|>` (transformers 4.57's Qwen3VLProcessor), or
     /// of the pad alone, inside the template's markers, with `keep_outer` (transformers 5).
     Steps { per_step: usize, seconds: Vec<f64>, keep_outer: bool },
+    /// A Gemma 3 image with pan-and-scan crops: the whole image then each crop, `per_image`
+    /// pads each, in the processor's words ("Here is the original image … and here are some
+    /// crops to help you see better …").
+    Crops { per_image: usize, crops: usize },
 }
 
 impl ChatTokenizer {
@@ -322,7 +326,6 @@ impl ChatTokenizer {
         // text, and anything else (slicing, escaping) is refused.
         let real = template.render(messages, add_generation_prompt)?;
         let pieces = fit_texts(pieces, &texts, &real)?;
-        let pieces = self.expand_image_markers(pieces);
         let pads = self.count_pads(&pieces);
         if pads.0 + pads.1 != media.len() {
             bail!(
@@ -336,11 +339,15 @@ impl ChatTokenizer {
         let empty = |p: &Placeholder| match p {
             Placeholder::Run(n) => *n == 0,
             Placeholder::Steps { per_step, seconds, .. } => *per_step == 0 || seconds.is_empty(),
+            Placeholder::Crops { per_image, .. } => *per_image == 0,
         };
         if let Some(k) = media.iter().position(empty) {
             bail!("media item {k} has no tokens; every image/video needs at least one");
         }
-        let (pieces, media_tokens) = self.expand_steps(pieces, media)?;
+        let (pieces, media_tokens) = match self.image_sequence.is_some() {
+            true => self.expand_image_markers(pieces, media)?,
+            false => self.expand_steps(pieces, media)?,
+        };
 
         // HF's processors tokenize without special tokens when the rendered prompt already
         // starts with the tokenizer's own opening (Gemma's template writes `<bos>` itself).
@@ -480,6 +487,7 @@ impl ChatTokenizer {
                         counts.push(*n);
                         text.push_str(content);
                     }
+                    Placeholder::Crops { .. } => bail!("image crops need a vocabulary with an image marker (Gemma's)"),
                     Placeholder::Steps { per_step, seconds, keep_outer } => {
                         if id != self.special.video_pad {
                             bail!("an image placeholder cannot take a video's time steps");
@@ -511,16 +519,37 @@ impl ChatTokenizer {
     }
 
     /// Puts the processor's image sequence in place of each image marker the template wrote
-    /// (template bytes only: a marker typed in dialogue text stays text).
-    fn expand_image_markers<'a>(&self, pieces: Vec<Piece<'a>>) -> Vec<Piece<'a>> {
-        let Some((marker, sequence)) = &self.image_sequence else { return pieces };
-        pieces
-            .into_iter()
-            .map(|p| match p {
-                Piece::Template(s) if s.contains(marker.as_str()) => Piece::Template(Cow::Owned(s.replace(marker.as_str(), sequence))),
-                p => p,
-            })
-            .collect()
+    /// (template bytes only: a marker typed in dialogue text stays text), the k-th marker
+    /// standing for media item k; returns the pad count of every pad run, in order.
+    fn expand_image_markers<'a>(&self, pieces: Vec<Piece<'a>>, media: &[Placeholder]) -> Result<(Vec<Piece<'a>>, Vec<usize>)> {
+        let Some((marker, sequence)) = &self.image_sequence else { bail!("this vocabulary has no image marker to expand") };
+        let (mut counts, mut items) = (Vec::with_capacity(media.len()), media.iter());
+        let mut out = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let Piece::Template(s) = p else {
+                out.push(p);
+                continue;
+            };
+            let mut parts = s.split(marker.as_str());
+            let mut text = parts.next().unwrap_or_default().to_string();
+            for rest in parts {
+                match items.next().context("media placeholder count changed while encoding")? {
+                    Placeholder::Run(n) => {
+                        text.push_str(sequence);
+                        counts.push(*n);
+                    }
+                    Placeholder::Crops { per_image, crops } => {
+                        text.push_str(&format!("Here is the original image {sequence} and here are some crops to help you see better "));
+                        text.push_str(&vec![sequence.as_str(); *crops].join(" "));
+                        counts.extend(std::iter::repeat_n(*per_image, 1 + crops));
+                    }
+                    Placeholder::Steps { .. } => bail!("an image placeholder cannot take a video's time steps"),
+                }
+                text.push_str(rest);
+            }
+            out.push(Piece::Template(Cow::Owned(text)));
+        }
+        Ok((out, counts))
     }
 
     /// (image, video) placeholders in the template pieces.
@@ -529,8 +558,13 @@ impl ChatTokenizer {
         for p in pieces {
             if let Piece::Template(s) = p {
                 let mut rest = s.as_ref();
+                // Templates that write only the image's begin marker: one marker per image.
+                let image = match self.image_sequence.is_some() {
+                    true => self.special.vision_start,
+                    false => self.special.image_pad,
+                };
                 while let Some((at, content, id)) = self.find_added(rest) {
-                    img += (id == self.special.image_pad) as usize;
+                    img += (id == image) as usize;
                     vid += (id == self.special.video_pad) as usize;
                     rest = &rest[at + content.len()..];
                 }

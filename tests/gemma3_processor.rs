@@ -103,3 +103,52 @@ fn trimmed_text_is_fitted_and_other_changes_are_refused() {
     let text = proc.tokenizer.decode(&ids, false).unwrap();
     assert!(text.contains("user\n  Be kind. \n\nhello<end_of_turn>"), "{text:?}");
 }
+
+/// Pan-and-scan, as a preprocessor config asking for it sets it up (goldens made with the same
+/// four settings passed to transformers' processor, whose own defaults otherwise override the
+/// config): a wide image gets 2 crops, a tall one 4, a small one none (its crops would be under
+/// the minimum). The prompt says so in the processor's words, the pixels are each image then
+/// its crops, and the model on merg's own inputs gives transformers' logits and greedy tokens.
+#[test]
+fn pan_and_scan_crops_equal_transformers_end_to_end() {
+    use merg::generate::{forward_logits, generate, prepare, SamplingParams, VisionInput};
+    let (g, meta) = golden("gemma3", "pan_and_scan");
+    let dir = tiny_dir("gemma3");
+    let pre = PreprocessorConfig::from_file(fixtures().join("goldens/gemma3/pan_and_scan_preprocessor_config.json")).unwrap();
+    let proc = Processor::new(Arc::new(ChatTokenizer::from_dir(&dir).unwrap()), pre, &spec());
+    let msgs = messages_from_hf_json(&meta["messages"]).unwrap();
+    let (mut grids, mut patches) = (vec![], vec![]);
+    for name in image_names(&meta) {
+        let rgb = load_image(&fixtures().join("media").join(&name)).unwrap();
+        let item = proc.preprocess(&Media::Image(rgb.clone())).unwrap();
+        assert_eq!(item.grid, proc.grid_for((1, rgb.height() as usize, rgb.width() as usize), false, 2.0).unwrap(), "{name}: grid from the size alone");
+        patches.push(item.patches.to_tensor(&Device::Cpu).unwrap());
+        grids.push(item.grid);
+    }
+    let crops: Vec<u64> = grids.iter().map(|g| g.thw[0] as u64 - 1).collect();
+    assert_eq!(serde_json::json!(crops), meta["num_crops"], "crops per image");
+    let want_px: Vec<_> = (0..g["pixel_values"].dim(0).unwrap()).map(|i| patches_of(&g["pixel_values"].get(i).unwrap(), 8).unwrap()).collect();
+    let (got, want) = (candle_core::Tensor::cat(&patches, 0).unwrap(), candle_core::Tensor::cat(&want_px, 0).unwrap());
+    let diff = (got.clone() - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    assert!(diff <= 1e-6, "pixels of the images and their crops differ by {diff}");
+    let ids = proc.encode_prompt(&msgs, &grids).unwrap();
+    let want_ids: Vec<u32> = ids_i64(&g["input_ids"]).iter().map(|&x| x as u32).collect();
+    assert_eq!(ids, want_ids, "input ids");
+    let media_dims: Vec<_> = grids.iter().map(|g| (1, g.size[0], g.size[1])).collect();
+    assert_eq!(proc.count_prompt_tokens(&msgs, &media_dims).unwrap(), ids.len(), "counted without pixels");
+
+    let cfg = merg::models::registry::read_config(&dir.join("config.json")).unwrap();
+    let files = vec![dir.join("model-00001-of-00002.safetensors"), dir.join("model-00002-of-00002.safetensors")];
+    let model = merg::models::load(&cfg, merg::weights::Weights::safetensors(&files, candle_core::DType::F32, &test_device()).unwrap()).unwrap();
+    let vis = VisionInput { image_patches: Some(got), video_patches: None, media: grids };
+    let prefill = prepare(&*model, &ids, &vis).unwrap();
+    let marked: Vec<usize> = ids_i64(&g["token_type_ids"]).iter().enumerate().filter(|(_, t)| **t == 1).map(|(i, _)| i).collect();
+    assert_eq!(prefill.bidirectional.len(), 1 + 2 + 1 + 4 + 1, "one bidirectional span per image and crop");
+    assert_eq!(prefill.bidirectional.iter().flat_map(|&(a, n)| a..a + n).collect::<Vec<_>>(), marked);
+    let logits = forward_logits(&*model, &prefill, &mut merg::models::DenseCache::new(), ids.len()).unwrap();
+    let err = max_rel_err(&logits, &g["logits"].squeeze(0).unwrap());
+    println!("gemma3 pan-and-scan: {} tokens, crops {crops:?}, logits max rel err {err:.2e}", ids.len());
+    assert!(err <= 1e-4, "logits max rel err {err}");
+    let out = generate(&*model, &ids, &vis, &SamplingParams { max_new_tokens: 32, ..Default::default() }, None).unwrap();
+    assert_eq!(out.tokens, ids_i64(&g["greedy_ids"]).iter().map(|&x| x as u32).collect::<Vec<_>>(), "greedy continuation");
+}

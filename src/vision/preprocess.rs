@@ -40,6 +40,9 @@ pub struct PreprocessorConfig {
     /// SigLIP-style processors (Gemma 3): every image is resized to this (height, width),
     /// whatever its aspect, and cut into row-major patches (no merge blocks, no time).
     pub fixed_size: Option<[usize; 2]>,
+    /// Gemma 3: `do_pan_and_scan` (with a fixed size): wide or tall images are also shown as
+    /// crops, each one more image of the same item.
+    pub pan_and_scan: Option<super::pan_scan::PanAndScan>,
     /// Qwen3-VL videos: (min, max) pixels of the whole clip (frames × height × width), from
     /// `video_preprocessor_config.json`; `None`: each frame is sized like an image.
     pub video_budget: Option<(usize, usize)>,
@@ -83,6 +86,11 @@ struct RawPreprocessorConfig {
     // LLaVA-NeXT (LlavaNextImageProcessor)
     image_grid_pinpoints: Option<Vec<[usize; 2]>>,
     crop_size: Option<RawCrop>,
+    // Gemma 3 (Gemma3ImageProcessor)
+    do_pan_and_scan: Option<bool>,
+    pan_and_scan_min_crop_size: Option<usize>,
+    pan_and_scan_max_num_crops: Option<usize>,
+    pan_and_scan_min_ratio_to_activate: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -103,6 +111,14 @@ impl From<RawPreprocessorConfig> for PreprocessorConfig {
         let crop = r.crop_size.map(|c| [c.height, c.width]);
         let shortest = size.shortest_edge;
         let fixed_size = size.height.zip(size.width).map(|(h, w)| [h, w]);
+        let pan_and_scan = (r.do_pan_and_scan == Some(true)).then(|| {
+            let d = super::pan_scan::PanAndScan::default();
+            super::pan_scan::PanAndScan {
+                min_crop: r.pan_and_scan_min_crop_size.unwrap_or(d.min_crop),
+                max_crops: r.pan_and_scan_max_num_crops.unwrap_or(d.max_crops),
+                min_ratio: r.pan_and_scan_min_ratio_to_activate.unwrap_or(d.min_ratio),
+            }
+        });
         // HF: explicit min_pixels/max_pixels override `size`, which overrides the defaults.
         let min_pixels = r.min_pixels.or(size.shortest_edge).or(size.min_pixels).unwrap_or(56 * 56);
         let max_pixels =
@@ -124,6 +140,7 @@ impl From<RawPreprocessorConfig> for PreprocessorConfig {
             resample: r.resample.unwrap_or(PIL_BICUBIC),
             video_budget: None,
             fixed_size,
+            pan_and_scan,
             anyres_sides: anyres.as_ref().map(|a| (a.tile, crop.unwrap_or([a.tile; 2]), shortest.unwrap_or(a.tile))),
             anyres,
         }
@@ -198,6 +215,10 @@ impl PreprocessorConfig {
         if let Some([h, w]) = self.fixed_size {
             // The patch size is the model's (the file names none), checked when cutting.
             ensure!(h > 0 && w > 0 && h * w <= MAX_SANE_PIXELS, "size {h}x{w} is not a usable image size");
+        }
+        if let Some(p) = &self.pan_and_scan {
+            ensure!(self.fixed_size.is_some(), "do_pan_and_scan needs a fixed image size (size.height and size.width)");
+            p.validate()?;
         }
         ensure!(
             self.image_std.iter().all(|s| *s != 0.0),
@@ -476,34 +497,38 @@ pub fn preprocess_image(img: &RgbImage, cfg: &PreprocessorConfig) -> Result<Patc
 }
 
 /// A SigLIP-style image: resized to `[h, w]` whatever its aspect (`do_resize`), normalised, cut
-/// into row-major patches of `[C·P·P]` values (channel-major inside a patch), grid `[1, h/P, w/P]`.
+/// into row-major patches of `[C·P·P]` values (channel-major inside a patch), grid `[1, h/P, w/P]`;
+/// with pan-and-scan, the image then its crops, grid `[1 + crops, h/P, w/P]`.
 fn preprocess_fixed(img: &RgbImage, cfg: &PreprocessorConfig, [h, w]: [usize; 2]) -> Result<Patches> {
     cfg.validate().context("invalid preprocessor config")?;
     let (iw, ih) = (img.width() as usize, img.height() as usize);
     ensure!(iw > 0 && ih > 0, "image is empty ({iw}x{ih})");
-    let resized = match cfg.do_resize {
-        true => resize_frame(img, h, w, cfg).with_context(|| format!("image: resizing {iw}x{ih} to {w}x{h}"))?,
-        false => {
-            ensure!([ih, iw] == [h, w], "do_resize=false but the image is {iw}x{ih}, not the configured {w}x{h}");
-            img.clone()
-        }
-    };
-    let chw = normalize_chw(&resized, cfg, Norm::Image);
     let p = cfg.patch_size;
     ensure!(h.is_multiple_of(p) && w.is_multiple_of(p), "the preprocessor's size {h}x{w} is not a multiple of the model's patch size {p}");
-    let (gh, gw) = (h / p, w / p);
-    let mut data = Vec::with_capacity(3 * h * w);
-    for by in 0..gh {
-        for bx in 0..gw {
-            for c in 0..3 {
-                for y in by * p..(by + 1) * p {
-                    let start = c * h * w + y * w + bx * p;
-                    data.extend_from_slice(&chw[start..start + p]);
+    let crops = cfg.pan_and_scan.as_ref().map(|ps| ps.cut(img)).unwrap_or_default();
+    let mut data = Vec::with_capacity(3 * h * w * (1 + crops.len()));
+    for part in std::iter::once(img).chain(&crops) {
+        let (pw, ph) = (part.width() as usize, part.height() as usize);
+        let resized = match cfg.do_resize {
+            true => resize_frame(part, h, w, cfg).with_context(|| format!("image: resizing {pw}x{ph} to {w}x{h}"))?,
+            false => {
+                ensure!([ph, pw] == [h, w], "do_resize=false but the image is {pw}x{ph}, not the configured {w}x{h}");
+                part.clone()
+            }
+        };
+        let chw = normalize_chw(&resized, cfg, Norm::Image);
+        for by in 0..h / p {
+            for bx in 0..w / p {
+                for c in 0..3 {
+                    for y in by * p..(by + 1) * p {
+                        let start = c * h * w + y * w + bx * p;
+                        data.extend_from_slice(&chw[start..start + p]);
+                    }
                 }
             }
         }
     }
-    Ok(Patches { data, grid_thw: [1, gh, gw], patch_dim: 3 * p * p })
+    Ok(Patches { data, grid_thw: [1 + crops.len(), h / p, w / p], patch_dim: 3 * p * p })
 }
 
 /// Preprocess video frames (all the same size) into patches with `grid_t = ceil(n / T)`.
