@@ -26,6 +26,8 @@ import os
 import json
 from pathlib import Path
 
+import make_goldens as mg
+
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "tests" / "fixtures" / "tiny-gemma3"
 GOLD = REPO / "tests" / "fixtures" / "goldens" / "gemma3"
@@ -266,13 +268,9 @@ def make_checkpoint():
 LONG_TEXT = ("Once upon a time, a curious cat explored the old library. The quick brown fox jumps over the lazy dog. "
              "Could you summarize the story in one sentence?")
 CASES = {
-    "text": [
-        {"role": "user", "content": [{"type": "text", "text": "Hello! How are you doing today?"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "I'm fine, thank you. And you?"}]},
-        {"role": "user", "content": [{"type": "text", "text": "Please tell me a short story about a cat."}]},
-    ],
-    "image": [{"role": "user", "content": [{"type": "image", "image": "img_a.png"},
-                                           {"type": "text", "text": "What is in this picture?"}]}],
+    # The Qwen families' conversations (make_goldens.CASES), then a prompt far past the window.
+    "text": mg.CASES["text"],
+    "image": mg.CASES["image"],
     "two_images": [{"role": "user", "content": [{"type": "image", "image": "img_a.png"},
                                                 {"type": "image", "image": "img_b.png"},
                                                 {"type": "text", "text": "What is the difference between these two images?"}]}],
@@ -325,20 +323,7 @@ def run_case(case, proc, model):
     assert L > 2 * WINDOW, L
     with torch.no_grad():
         logits = model(**inputs, use_cache=False).logits.float()
-    gc = transformers.GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                       eos_token_id=None, pad_token_id=0, bos_token_id=None, top_p=None, top_k=None,
-                                       temperature=None, output_logits=True, return_dict_in_generate=True)
-    saved = model.generation_config
-    model.generation_config = copy.deepcopy(gc)
-    with torch.no_grad():
-        gen = model.generate(**inputs, generation_config=gc)
-    model.generation_config = saved
-    greedy = gen.sequences[0, L:]
-    margins = []
-    for step, lg in enumerate(gen.logits):
-        top = torch.topk(lg[0].float(), 2)
-        assert int(top.indices[0]) == int(greedy[step])
-        margins.append(float(top.values[0] - top.values[1]))
+    greedy, margins = mg.greedy_with_margins(model, inputs, NEW_TOKENS, 0)
     assert not {BOI, EOI, IMAGE_TOKEN} & set(greedy.tolist()), greedy.tolist()
     assert int(logits[0, -1].argmax()) == int(greedy[0])
     tensors = {
@@ -425,12 +410,8 @@ def pan_and_scan(proc, model):
     assert crops == [2, 4, 0], crops
     with torch.no_grad():
         logits = model(**inputs, use_cache=False).logits.float()
-        gen = model.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                             eos_token_id=None, pad_token_id=0, top_p=None, top_k=None, temperature=None,
-                             output_logits=True, return_dict_in_generate=True)
     L = inputs["input_ids"].shape[1]
-    greedy = gen.sequences[0, L:]
-    margins = [float(torch.topk(lg[0].float(), 2).values.diff().abs()) for lg in gen.logits]
+    greedy, margins = mg.greedy_with_margins(model, inputs, NEW_TOKENS, 0)
     save_file({"input_ids": inputs["input_ids"].to(torch.int64).contiguous(),
                "token_type_ids": inputs["token_type_ids"].to(torch.int64).contiguous(),
                "pixel_values": inputs["pixel_values"].to(torch.float32).contiguous(),
