@@ -89,29 +89,37 @@ fn prefix_cache_on_and_off_give_identical_greedy_tokens() {
     assert!(s.vision_hits > 50);
 }
 
-/// LLaVA-NeXT through the paged engine: the prefix cache changes no token, images of three
-/// aspect ratios (three tile grids) are encoded once each, and a request's tokens equal the
-/// dense single-sequence reference run on the processor's own inputs.
+/// LLaVA-NeXT and Gemma 3 through the paged engine: the prefix cache changes no token, images
+/// of three aspect ratios (three LLaVA tile grids; one square for Gemma) are encoded once each,
+/// and a request's tokens equal the dense single-sequence reference run on the processor's own
+/// inputs. Every Gemma request is longer than its 8-token sliding window, and its image tokens
+/// attend to each other both ways, in the cache's blocks as in the reference.
 #[test]
-fn llava_next_engine_cache_on_equals_off_and_the_dense_reference() {
-    let n = 24;
-    let mut on = engine("llava_next", 256, true);
-    let mut off = engine("llava_next", 256, false);
-    let a = on.run_all((0..n).map(|i| mixed_request(i, 6)).collect());
-    let b = off.run_all((0..n).map(|i| mixed_request(i, 6)).collect());
-    assert_eq!(tokens(&a), tokens(&b), "cache on = off");
-    let s = on.stats();
-    println!("llava_next prefix cache: {:?}", s.prefix);
-    assert!(s.prefix.cached_tokens > 0, "the cache served something: {:?}", s.prefix);
-    assert_eq!(s.vision_misses, 3);
+fn llava_next_and_gemma3_engines_cache_on_equals_off_and_the_dense_reference() {
+    for family in ["llava_next", "gemma3"] {
+        let n = 24;
+        let mut on = engine(family, 256, true);
+        let mut off = engine(family, 256, false);
+        let a = on.run_all((0..n).map(|i| mixed_request(i, 6)).collect());
+        let b = off.run_all((0..n).map(|i| mixed_request(i, 6)).collect());
+        assert_eq!(tokens(&a), tokens(&b), "{family}: cache on = off");
+        let s = on.stats();
+        println!("{family} prefix cache: {:?}", s.prefix);
+        assert!(s.prefix.cached_tokens > 0, "{family}: the cache served something: {:?}", s.prefix);
+        assert_eq!(s.vision_misses, 3, "{family}");
 
-    let rt = runtime("llava_next");
-    let req = mixed_request(1, 6);
-    let item = rt.processor.preprocess(&req.media[0]).unwrap();
-    let ids = rt.processor.encode_prompt(&req.messages, std::slice::from_ref(&item.grid)).unwrap();
-    let vis = merg::generate::VisionInput { image_patches: Some(item.patches.to_tensor(&Device::Cpu).unwrap()), video_patches: None, media: vec![item.grid] };
-    let dense = merg::generate::generate(&*rt.model, &ids, &vis, &greedy(6), None).unwrap();
-    assert_eq!(tokens(&a)[1], dense.tokens, "engine = dense reference");
+        let rt = runtime(family);
+        for i in [0, 1, 2] {
+            let req = mixed_request(i, 6);
+            let items: Vec<_> = req.media.iter().map(|m| rt.processor.preprocess(m).unwrap()).collect();
+            let grids: Vec<_> = items.iter().map(|it| it.grid.clone()).collect();
+            let ids = rt.processor.encode_prompt(&req.messages, &grids).unwrap();
+            let patches = items.first().map(|it| it.patches.to_tensor(&Device::Cpu).unwrap());
+            let vis = merg::generate::VisionInput { image_patches: patches, video_patches: None, media: grids };
+            let dense = merg::generate::generate(&*rt.model, &ids, &vis, &greedy(6), None).unwrap();
+            assert_eq!(tokens(&a)[i], dense.tokens, "{family}: request {i}: engine = dense reference");
+        }
+    }
 }
 
 /// What a GPU run does: bf16 weights, K/V and activations through the paged engine. The prefix
@@ -479,18 +487,13 @@ fn unsatisfiable_constraint_fails_its_request_alone() {
     assert!(out[0].as_ref().unwrap().tokens.len() == 6 && out[2].as_ref().unwrap().tokens.len() == 6);
 }
 
-/// Tiny Gemma 3 (layers S S F S S F, window 8) through the registry, in blocks of 4 tokens, with
+/// Tiny Gemma 3 (layers S S F S S F, window 8), in blocks of 4 tokens, with
 /// chunked prefill (64 tokens a step) and a context of 256: the sliding layers' blocks come
 /// and go many times over a request.
 fn gemma_engine(blocks: usize, prefix_caching: bool) -> Engine {
-    let dir = tiny_dir("gemma3");
-    let cfg = merg::models::registry::read_config(&dir.join("config.json")).unwrap();
-    let files = vec![dir.join("model-00001-of-00002.safetensors"), dir.join("model-00002-of-00002.safetensors")];
-    let model = merg::models::load(&cfg, merg::weights::Weights::safetensors(&files, DType::F32, &Device::Cpu).unwrap()).unwrap();
-    let tok = merg::tokenizer::ChatTokenizer::from_dir(&dir).unwrap();
     let scheduler = merg::engine::SchedulerConfig { max_step_tokens: 64, ..Default::default() };
     let cfg = EngineConfig { block_size: 4, kv_memory: KvMemory::Blocks(blocks), prefix_caching, max_context: Some(256), scheduler, ..Default::default() };
-    Engine::new(Checkpoint::from_model(model, tok).unwrap(), cfg).unwrap()
+    Engine::new(runtime("gemma3"), cfg).unwrap()
 }
 
 /// Token ids of prompt `i`: a prefix shared by all (seeded), cut at one of four lengths, then
@@ -521,8 +524,8 @@ fn run_ids(eng: &mut Engine, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
 
 /// Sliding-window layers in the paged engine: prefix cache on = off token for token on
 /// prompts sharing prefixes of several lengths (and exact repeats), every one longer than the
-/// window, and both equal to the dense single-sequence reference; every block of both pool
-/// groups comes back.
+/// window, and on the image mix; every block of both pool groups comes back; and a second
+/// round on the warm cache equals the dense single-sequence reference.
 #[test]
 fn gemma3_sliding_layers_cache_on_equals_off_and_the_dense_reference() {
     let prompts: Vec<Vec<u32>> = (0..12).map(gemma_prompt).collect();
@@ -537,7 +540,12 @@ fn gemma3_sliding_layers_cache_on_equals_off_and_the_dense_reference() {
     for (eng, s) in [(&on, on.stats()), (&off, off.stats())] {
         assert_eq!((s.free_blocks, s.free_window_blocks), (s.num_blocks, s.window_blocks), "every block back: {}", eng.kv_summary());
     }
+    // Chat requests with images (9 tokens each, seen both ways), text before and after them.
+    let a = on.run_all((0..12).map(|i| mixed_request(i, 6)).collect());
+    let b = off.run_all((0..12).map(|i| mixed_request(i, 6)).collect());
+    assert_eq!(tokens(&a), tokens(&b), "cache on = off with images");
     let model = on.model().clone();
+    let a = run_ids(&mut on, &prompts, 10);
     for i in [0, 5, 11] {
         let dense = merg::generate::generate(&*model, &prompts[i], &merg::generate::VisionInput::default(), &greedy(10), None).unwrap();
         assert_eq!(a[i], dense.tokens, "prompt {i}: engine = dense reference");
