@@ -11,11 +11,10 @@ use serde::Serialize;
 
 use super::block_manager::{BlockManager, CacheStats};
 use super::error::{too_big, EngineError, EngineResult};
-use super::block_manager::BlockId;
 use super::kv_pool::{num_blocks_for, KvMemory, KvPool, GLOBAL, SLIDING};
 use super::paged_attention::{PagedStep, RunSlots, SeqRun};
 use super::sliding::SlidingGroup;
-use super::request::{check_prompt_len, ChatRequest, PreparedMedia, PreparedRequest, RequestPreparer};
+use super::request::{check_prompt_len, placeholder_keys, ChatRequest, PreparedMedia, PreparedRequest, RequestPreparer};
 use super::scheduler::{Scheduler, SchedulerConfig};
 use super::sequence::{SeqId, Sequence, Status};
 use super::vision_cache::{lock, VisionCache};
@@ -426,7 +425,7 @@ impl Engine {
                 positions[k].extend_from_slice(&p[k]);
             }
             let mut groups = [None, None];
-            for (g, table, first) in kv_tables(self.sliding.as_ref(), s) {
+            for (g, table, first) in SlidingGroup::tables(self.sliding.as_ref(), s) {
                 write_slots[g].extend(self.pool.slots(table, a, b));
                 groups[g] = Some(RunSlots::new(first, self.pool.slots(table, first, b), &dev)?);
             }
@@ -556,16 +555,6 @@ impl Engine {
     }
 }
 
-/// A sequence's block table in each pool group with layers, and the first token position
-/// whose block it still holds there.
-fn kv_tables<'s>(sliding: Option<&SlidingGroup>, s: &'s Sequence) -> Vec<(usize, &'s [BlockId], usize)> {
-    let mut t = vec![(GLOBAL, s.table.as_slice(), 0)];
-    if let Some(g) = sliding {
-        t.push((SLIDING, s.window_table.as_slice(), g.first_held(&s.window_table)));
-    }
-    t
-}
-
 /// Embeddings of tokens `a..b`: the stored prompt embeddings, then plain token embeddings for
 /// generated tokens.
 fn seq_embeds(s: &Sequence, a: usize, b: usize, model: &dyn Model) -> anyhow::Result<Tensor> {
@@ -604,25 +593,4 @@ fn state_budget(cfg: &EngineConfig, spec: &crate::models::ModelSpec, kv_bytes: u
     }
     sched.max_num_seqs = sched.max_num_seqs.min(slots);
     Ok((Some(StateCache::new(mem)), sched))
-}
-
-/// Per-token extra keys: the content hash of the media item each placeholder token stands
-/// for (0 for text). Items are in prompt order and `tokens[k]` long; an item may span several
-/// runs (a Qwen3-VL video: one run per time step).
-fn placeholder_keys(ids: &[u32], image_tok: u32, video_tok: u32, keys: &[u64], tokens: &[usize]) -> Vec<u64> {
-    let mut out = vec![0u64; ids.len()];
-    let (mut item, mut left) = (0usize, tokens.first().copied().unwrap_or(0));
-    for (i, &t) in ids.iter().enumerate() {
-        if t != image_tok && t != video_tok {
-            continue;
-        }
-        while left == 0 && item + 1 < tokens.len() {
-            item += 1;
-            left = tokens[item];
-        }
-        // More placeholders than items describe: a distinct key keeps them out of any match.
-        out[i] = if left > 0 { keys.get(item).copied().unwrap_or(u64::MAX) } else { u64::MAX };
-        left = left.saturating_sub(1);
-    }
-    out
 }

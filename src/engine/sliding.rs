@@ -15,6 +15,8 @@
 //! global layers then recompute nothing they have, the sliding layers nothing they lack.
 
 use super::block_manager::{BlockId, BlockManager, RELEASED};
+use super::kv_pool::{GLOBAL, SLIDING};
+use super::sequence::Sequence;
 
 pub struct SlidingGroup {
     pub bm: BlockManager,
@@ -79,6 +81,16 @@ impl SlidingGroup {
     /// First token position whose block `table` still holds (its slots start there).
     pub fn first_held(&self, table: &[BlockId]) -> usize {
         table.iter().take_while(|&&b| b == RELEASED).count() * self.bm.block_size()
+    }
+
+    /// A sequence's block table in each pool group with layers, and the first token position
+    /// whose block it still holds there.
+    pub fn tables<'s>(sliding: Option<&SlidingGroup>, s: &'s Sequence) -> Vec<(usize, &'s [BlockId], usize)> {
+        let mut t = vec![(GLOBAL, s.table.as_slice(), 0)];
+        if let Some(g) = sliding {
+            t.push((SLIDING, s.window_table.as_slice(), g.first_held(&s.window_table)));
+        }
+        t
     }
 
     /// Blocks a table holds (not given back).
