@@ -579,3 +579,42 @@ fn gemma3_sliding_blocks_stay_within_the_window() {
     assert_eq!((done.tokens.len(), done.preemptions), (n, 0));
     assert!(most * 4 > 128, "the sequence outgrew what all-global accounting holds: {most} blocks");
 }
+
+/// A prefix hit the global layers still have but whose window the sliding layers evicted is
+/// cut (here to nothing) rather than served with missing K/V; once recomputed, the same
+/// prompt is served from both groups again, every time with the same tokens.
+#[test]
+fn gemma3_prefix_hit_is_cut_to_what_the_sliding_group_holds() {
+    let mut eng = gemma_engine(96, true);
+    let s = eng.stats();
+    let prompt = |seed: u64| -> Vec<u32> {
+        let mut x = seed;
+        (0..60)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                10 + (x >> 33) as u32 % 500
+            })
+            .collect()
+    };
+    let a = prompt(1);
+    let run = |eng: &mut Engine, p: &Vec<u32>| {
+        let id = eng.add_prepared(merg::engine::PreparedRequest { ids: p.clone(), media: vec![], sampling: greedy(4), constraint: None }).unwrap();
+        let mut out = None;
+        while eng.has_pending() {
+            out = eng.step().unwrap().finished.into_iter().find(|(i, _)| *i == id).map(|(_, c)| c).or(out);
+        }
+        out.unwrap()
+    };
+    let first = run(&mut eng, &a);
+    // Six other prompts: 90 more global blocks (of 224, so `a`'s stay cached), but the 32
+    // sliding blocks turn over several times.
+    assert!(s.num_blocks >= 7 * 16 && s.window_blocks < 6 * 15, "{}", eng.kv_summary());
+    for seed in 2..8 {
+        run(&mut eng, &prompt(seed));
+    }
+    assert_eq!(eng.stats().prefix.evictions, 0, "the global group still holds every block of `a`");
+    let cut = run(&mut eng, &a);
+    let again = run(&mut eng, &a);
+    assert_eq!((first.cached_tokens, cut.cached_tokens, again.cached_tokens), (0, 0, 56));
+    assert_eq!((&cut.tokens, &again.tokens), (&first.tokens, &first.tokens));
+}
