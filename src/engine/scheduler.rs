@@ -4,6 +4,9 @@
 //! Oldest-first service and FIFO admission mean no sequence starves; a waiting sequence whose
 //! next prompt blocks a running one is computing waits for them, and only as long as that
 //! sequence runs.
+//! Models with sliding-window layers hold blocks in two pool groups (`sliding.rs`): a sequence
+//! is admitted and grown only when both have its blocks, preemption frees both, and a prefix
+//! hit is cut to what the sliding group still holds of the window before it.
 
 use std::collections::{HashMap, VecDeque};
 
