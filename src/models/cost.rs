@@ -20,8 +20,10 @@ pub struct TokenCost {
     pub window: f64,
     /// Matmul FLOPs of one token (2 per weight) …
     pub flops: f64,
-    /// … plus attention FLOPs per position of context.
+    /// … plus attention FLOPs per position of context (global attention layers) …
     pub attn_flops_per_position: f64,
+    /// … and per position inside the window (sliding-window layers).
+    pub sliding_attn_flops_per_position: f64,
     /// The vocabulary head's share of `flops`: a prefill computes logits for its last token
     /// only.
     pub head_flops: f64,
@@ -41,7 +43,6 @@ impl TokenCost {
             linear += (spec.vocab_size * spec.hidden_size) as f64;
         }
         let (global, sliding) = (spec.num_global_layers() as f64, spec.num_sliding_layers() as f64);
-        let attn = global + sliding;
         let kv_row = 2.0 * (spec.num_kv_heads * spec.head_dim) as f64 * kv_bytes;
         // Query heads are not in the spec; hidden ÷ head_dim is exact for Qwen2 shapes and
         // close for the others (attention is a small share of a short context's FLOPs).
@@ -53,7 +54,8 @@ impl TokenCost {
             window: spec.sliding_window().unwrap_or(0) as f64,
             flops: 2.0 * linear,
             // Scores and the weighted sum: 2 × 2 FLOPs per head dimension per position.
-            attn_flops_per_position: 4.0 * attn * q_heads * spec.head_dim as f64,
+            attn_flops_per_position: 4.0 * global * q_heads * spec.head_dim as f64,
+            sliding_attn_flops_per_position: 4.0 * sliding * q_heads * spec.head_dim as f64,
             // Both a tied and an untied head are in `linear` by now.
             head_flops: 2.0 * (spec.vocab_size * spec.hidden_size) as f64,
         }
@@ -68,7 +70,10 @@ impl TokenCost {
     /// `merg bench`, the engine and llama-bench compute them).
     pub fn prefill_flops(&self, tokens: f64) -> f64 {
         let head = self.head_flops.min(self.flops);
-        (self.flops - head) * tokens + head + self.attn_flops_per_position * tokens * tokens / 2.0
+        // Token t attends to t positions, at most `window` of them in a sliding layer.
+        let w = self.window.min(tokens);
+        let windowed = w * tokens - w * w / 2.0;
+        (self.flops - head) * tokens + head + self.attn_flops_per_position * tokens * tokens / 2.0 + self.sliding_attn_flops_per_position * windowed
     }
 }
 
@@ -91,12 +96,16 @@ mod cost_tests {
     /// A prefill computes the head for its last token only; one token costs a decode step.
     #[test]
     fn prefill_counts_the_head_once() {
-        let c = TokenCost { weight_bytes: 0.0, kv_bytes_per_position: 0.0, sliding_kv_bytes_per_position: 0.0, window: 0.0, flops: 10.0, attn_flops_per_position: 0.0, head_flops: 4.0 };
+        let c = TokenCost { weight_bytes: 0.0, kv_bytes_per_position: 0.0, sliding_kv_bytes_per_position: 0.0, window: 0.0, flops: 10.0, attn_flops_per_position: 0.0, sliding_attn_flops_per_position: 0.0, head_flops: 4.0 };
         assert_eq!(c.prefill_flops(1.0), 10.0);
         assert_eq!(c.prefill_flops(5.0), 6.0 * 5.0 + 4.0);
         // A decode step reads the sliding layers' K/V of the window only.
         let d = TokenCost { weight_bytes: 100.0, kv_bytes_per_position: 2.0, sliding_kv_bytes_per_position: 10.0, window: 8.0, ..c };
         assert_eq!(d.decode_bytes(4.0), 100.0 + 8.0 + 40.0);
         assert_eq!(d.decode_bytes(20.0), 100.0 + 40.0 + 80.0);
+        // Attention: t²/2 positions in a global layer, w·t − w²/2 in a sliding one.
+        let e = TokenCost { attn_flops_per_position: 1.0, sliding_attn_flops_per_position: 2.0, ..d };
+        assert_eq!(e.prefill_flops(20.0) - c.prefill_flops(20.0), 200.0 + 2.0 * (8.0 * 20.0 - 32.0));
+        assert_eq!(e.prefill_flops(4.0) - c.prefill_flops(4.0), 8.0 + 2.0 * 8.0);
     }
 }
