@@ -50,9 +50,13 @@ pub type EngineResult<T> = std::result::Result<T, EngineError>;
 
 /// Pool size in the error's words (used when a request cannot fit even alone).
 pub(crate) fn too_big(needed: usize, blocks: usize, prompt: usize, spec: &ModelSpec) -> EngineError {
+    // Sliding-window layers keep a window's worth whatever the prompt: the global ones decide.
+    let layers = match spec.num_sliding_layers() {
+        0 => format!("{} attention layers", spec.num_attention_layers()),
+        n => format!("{} global attention layers; the {n} sliding-window ones keep a window's worth", spec.num_global_layers()),
+    };
     EngineError::OverCapacity(format!(
         "the request needs {needed} KV blocks for its {prompt}-token prompt but the pool holds {blocks} \
-         ({} attention layers); give the engine more KV memory or shorten the prompt",
-        spec.num_attention_layers()
+         ({layers}); give the engine more KV memory or shorten the prompt"
     ))
 }
