@@ -148,9 +148,14 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Result<Response, Api
     metric("merg_requests_in_flight", "gauge", "Requests accepted and not yet finished.", one(state.in_flight() as u64));
     metric("merg_engine_waiting", "gauge", "Requests queued in the engine, not yet admitted.", one(stats.waiting as u64));
     metric("merg_engine_running", "gauge", "Requests being prefilled or decoded.", one(stats.running as u64));
-    metric("merg_kv_blocks_total", "gauge", "KV pool blocks.", one(stats.num_blocks as u64));
+    metric("merg_kv_blocks_total", "gauge", "KV pool blocks (of the global attention layers).", one(stats.num_blocks as u64));
     let used = stats.num_blocks.saturating_sub(stats.free_blocks) as u64;
     metric("merg_kv_blocks_used", "gauge", "KV pool blocks held by requests in flight.", one(used));
+    if stats.window_blocks > 0 {
+        metric("merg_kv_window_blocks_total", "gauge", "KV pool blocks of the sliding-window layers.", one(stats.window_blocks as u64));
+        let used = stats.window_blocks.saturating_sub(stats.free_window_blocks) as u64;
+        metric("merg_kv_window_blocks_used", "gauge", "Sliding-window blocks held by requests in flight.", one(used));
+    }
     metric("merg_engine_steps_total", "counter", "Engine steps.", one(stats.steps));
     metric("merg_preemptions_total", "counter", "Requests preempted for KV blocks.", one(stats.preemptions));
     metric("merg_vision_cache_hits_total", "counter", "Media encodings reused.", one(stats.vision_hits));
