@@ -167,7 +167,7 @@ impl Engine {
         let max_context = cfg.max_context.unwrap_or(spec.max_context);
         // `n` blocks of every layer's K/V: the budget the two pool groups share.
         let load = super::kv_pool::Load { max_seqs: cfg.scheduler.max_num_seqs, step_tokens: cfg.scheduler.max_step_tokens, context: max_context };
-        let groups = super::kv_pool::split(n as u64 * super::kv_pool::bytes_per_block(spec, cfg.block_size, model.dtype()), spec, cfg.block_size, model.dtype(), load)?;
+        let groups = super::kv_pool::split(n as u64 * super::kv_pool::bytes_per_block(spec, cfg.block_size, model.dtype()), &cfg.kv_memory, spec, cfg.block_size, model.dtype(), load)?;
         let pool = KvPool::new(spec, groups, cfg.block_size, model.dtype(), model.device()).context("allocating the KV pool")?;
         let sliding = spec.sliding_window().map(|w| SlidingGroup::new(groups[SLIDING], cfg.block_size, cfg.prefix_caching, w));
         let vision_cache = Arc::new(Mutex::new(VisionCache::new(cfg.vision_cache_entries)));

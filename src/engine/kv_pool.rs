@@ -140,8 +140,8 @@ pub use crate::memory::window_blocks;
 /// full step. The global group gets the rest. Sequences shorter than the context the split
 /// assumes may run out of sliding blocks first; the scheduler then preempts as it does when
 /// global blocks run out. Neither group gets more than it could ever use (`max_tokens` for the
-/// global one).
-pub fn split(bytes: u64, spec: &ModelSpec, block_size: usize, dtype: DType, load: Load) -> Result<[usize; 2]> {
+/// global one). `mem` is the setting the budget came from, named when it is too small.
+pub fn split(bytes: u64, mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype: DType, load: Load) -> Result<[usize; 2]> {
     let bs = block_size.max(1) as u64;
     let [g, s] = group_bytes_per_block(spec, block_size, dtype);
     let max_global = (load.max_seqs as u64).saturating_mul(load.context as u64).div_ceil(bs).max(1);
@@ -162,9 +162,10 @@ pub fn split(bytes: u64, spec: &ModelSpec, block_size: usize, dtype: DType, load
     let left = bytes.checked_sub(n_s * s).filter(|l| *l >= g).map(|l| l / g.max(1));
     match left {
         Some(n_g) => Ok([n_g.min(max_global) as usize, n_s as usize]),
-        None => bail!(
-            "{bytes} bytes of KV memory cannot hold one sequence's sliding window ({n_s} blocks of {s} bytes) and a block of the global layers ({g} bytes); give the engine more KV memory"
-        ),
+        None => {
+            let rule = format!("enough for one sequence's sliding window and one step ({n_s} blocks of {s} bytes) beside a block of the global layers ({g} bytes); it gives {bytes} bytes");
+            Err(crate::setting::InvalidSetting::new("kv_memory", mem, rule).into())
+        }
     }
 }
 
@@ -364,7 +365,8 @@ mod tests {
         let all = bytes_per_block(&spec, bs, dt);
         let budget = all * 8 * 4096 / 16;
         let load = Load { max_seqs: 64, step_tokens: 2048, context: 4096 };
-        let [n_g, n_s] = split(budget, &spec, bs, dt, load).unwrap();
+        let mem = KvMemory::Bytes(budget);
+        let [n_g, n_s] = split(budget, &mem, &spec, bs, dt, load).unwrap();
         let [g, s] = group_bytes_per_block(&spec, bs, dt);
         assert!(n_g as u64 * g + n_s as u64 * s <= budget);
         let seqs = (n_g * bs / 4096) as u64;
@@ -373,9 +375,11 @@ mod tests {
         // A model without sliding layers keeps the whole budget global, as before.
         let dense = ModelSpec { layers: vec![LayerKind::Attention; 4], ..spec.clone() };
         let per = bytes_per_block(&dense, bs, dt);
-        assert_eq!(split(per * 10, &dense, bs, dt, load).unwrap(), [10, 0]);
-        // Too little for one window: named.
-        let e = split(all * 4, &spec, bs, dt, load).unwrap_err().to_string();
-        assert!(e.contains("cannot hold one sequence's sliding window"), "{e}");
+        assert_eq!(split(per * 10, &KvMemory::Blocks(10), &dense, bs, dt, load).unwrap(), [10, 0]);
+        // Too little for one window: the setting is named with its rule.
+        let e = split(all * 4, &KvMemory::Blocks(4), &spec, bs, dt, load).unwrap_err();
+        let e = e.downcast_ref::<crate::setting::InvalidSetting>().expect("an invalid kv_memory");
+        assert_eq!((e.name, e.value.as_str()), ("kv_memory", "blocks:4"));
+        assert!(e.rule.contains("enough for one sequence's sliding window"), "{}", e.rule);
     }
 }
