@@ -491,7 +491,13 @@ fn unsatisfiable_constraint_fails_its_request_alone() {
 /// chunked prefill (64 tokens a step) and a context of 256: the sliding layers' blocks come
 /// and go many times over a request.
 fn gemma_engine(blocks: usize, prefix_caching: bool) -> Engine {
-    let scheduler = merg::engine::SchedulerConfig { max_step_tokens: 64, ..Default::default() };
+    gemma_engine_for(blocks, prefix_caching, 64)
+}
+
+/// As `gemma_engine`, running at most `max_num_seqs` sequences (the pool split sizes the
+/// sliding layers' group for at most that many windows).
+fn gemma_engine_for(blocks: usize, prefix_caching: bool, max_num_seqs: usize) -> Engine {
+    let scheduler = merg::engine::SchedulerConfig { max_step_tokens: 64, max_num_seqs };
     let cfg = EngineConfig { block_size: 4, kv_memory: KvMemory::Blocks(blocks), prefix_caching, max_context: Some(256), scheduler, ..Default::default() };
     Engine::new(runtime("gemma3"), cfg).unwrap()
 }
@@ -554,10 +560,11 @@ fn gemma3_sliding_layers_cache_on_equals_off_and_the_dense_reference() {
 
 /// The saving: a long Gemma 3 sequence holds at most ⌈window / block⌉ + 1 = 3 blocks of the
 /// sliding layers between steps while its global blocks grow with it, and a pool of 32 blocks'
-/// worth of memory (128 tokens when every layer keeps every token) holds it to 190 tokens.
+/// worth of memory (128 tokens when every layer keeps every token) for one sequence holds it
+/// to 190 tokens.
 #[test]
 fn gemma3_sliding_blocks_stay_within_the_window() {
-    let mut eng = gemma_engine(32, true);
+    let mut eng = gemma_engine_for(32, true, 1);
     let s = eng.stats();
     assert!(s.num_blocks * 4 >= 190 && s.num_blocks > 32, "{}", eng.kv_summary());
     let prompt = gemma_prompt(3);

@@ -132,15 +132,22 @@ pub struct Load {
 
 pub use crate::memory::window_blocks;
 
+/// Sequences the split assumes are this many windows long (or the context, when shorter):
+/// long enough that the sliding layers' share is small (Gemma 3's 1024-token window: 4096,
+/// the paper's dialogues), short enough that a model's 128k context does not leave room for
+/// only a couple of windows when requests are shorter.
+pub const ASSUMED_WINDOWS: usize = 4;
+
 /// Shares `bytes` between the groups: `[global, sliding]` block counts. Without sliding layers
 /// the global group takes everything. Otherwise the sliding group gets, for as many sequences
-/// as the global blocks hold contexts of `load.context` tokens (at least one, at most
-/// `load.max_seqs`), each one's window (`window_blocks`), plus one step's tokens (a step's
-/// chunks together grow the windows by at most that): a sequence alone can always take a
-/// full step. The global group gets the rest. Sequences shorter than the context the split
-/// assumes may run out of sliding blocks first; the scheduler then preempts as it does when
-/// global blocks run out. Neither group gets more than it could ever use (`max_tokens` for the
-/// global one). `mem` is the setting the budget came from, named when it is too small.
+/// as the global blocks hold of `ASSUMED_WINDOWS` windows (or `load.context`, when shorter; at
+/// least one, at most `load.max_seqs`), each one's window (`window_blocks`), plus one step's
+/// tokens (a step's chunks together grow the windows by at most that): a sequence alone can
+/// always take a full step. The global group gets the rest. Shorter sequences may run out of
+/// sliding blocks first and longer ones of global blocks; the scheduler then preempts (or
+/// waits) as it does whichever group is short. Neither group gets more than it could ever use
+/// (`max_seqs × context` tokens for the global one). `mem` is the setting the budget came
+/// from, named when it is too small.
 pub fn split(bytes: u64, mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype: DType, load: Load) -> Result<[usize; 2]> {
     let bs = block_size.max(1) as u64;
     let [g, s] = group_bytes_per_block(spec, block_size, dtype);
@@ -153,7 +160,7 @@ pub fn split(bytes: u64, mem: &KvMemory, spec: &ModelSpec, block_size: usize, dt
     }
     let w = window_blocks(window.min(load.context.max(1)), block_size) as u64;
     let step = (load.step_tokens.min(load.context.max(1)) as u64).div_ceil(bs);
-    let ctx = (load.context.max(1) as u64).div_ceil(bs);
+    let ctx = (load.context.min(ASSUMED_WINDOWS * window).max(1) as u64).div_ceil(bs);
     // bytes = N_g·g + (seqs·w + step)·s with seqs = N_g / ctx: solve for N_g, then round.
     let per_global = g as f64 + w as f64 * s as f64 / ctx as f64;
     let n_g = ((bytes.saturating_sub((w + step) * s)) as f64 / per_global.max(1.0)) as u64;
