@@ -164,12 +164,15 @@ fn same(part: Part, name: String) -> Located {
 }
 
 /// Strips the transformers prefixes (hub layout `model.` / `visual.`, newer layout
-/// `model.language_model.` / `model.visual.`; LLaVA-NeXT's and Gemma 3's `model.vision_tower.`,
+/// `model.language_model.` / `model.visual.`, the released Gemma 3 / LLaVA-NeXT layout
+/// `language_model.model.` / `language_model.lm_head`; LLaVA-NeXT's and Gemma 3's `model.vision_tower.`,
 /// `model.multi_modal_projector.`, `model.image_newline`) to a canonical `model.…` / `visual.…`
 /// / `vision_tower.…` / `multi_modal_projector.…` / `image_newline`.
 fn canonical(name: &str) -> String {
-    if let Some(rest) = name.strip_prefix("model.language_model.") {
+    if let Some(rest) = name.strip_prefix("model.language_model.").or_else(|| name.strip_prefix("language_model.model.")) {
         format!("model.{rest}")
+    } else if name == "language_model.lm_head.weight" {
+        "lm_head.weight".into()
     } else if let Some(rest) = name.strip_prefix("model.visual.") {
         format!("visual.{rest}")
     } else if let Some(rest) = name.strip_prefix("model.").filter(|r| r.starts_with("vision_tower.") || r.starts_with("multi_modal_projector.") || *r == "image_newline") {
