@@ -408,6 +408,37 @@ mod tests {
         assert_eq!((n.layout, n.value), (Layout::Same("blk.0.ssm_norm.weight".into()), None));
     }
 
+    /// Gemma 3's and LLaVA-NeXT's names in every transformers layout, Gemma's `w + 1` norms.
+    #[test]
+    fn gemma3_and_llava_names_follow_the_converters() {
+        let h = Heads { head_dim: 4, ..Heads::default() };
+        let l = |n, arch| locate(n, arch, h, true).map(|l| (l.layout, l.value));
+        let same = |s: &str, v| Some((Layout::Same(s.into()), v));
+        let minus = Some(Value::MinusOne);
+        assert_eq!(l("language_model.model.layers.2.pre_feedforward_layernorm.weight", Arch::Gemma3), same("blk.2.ffn_norm.weight", minus));
+        assert_eq!(l("model.language_model.layers.0.post_attention_layernorm.weight", Arch::Gemma3), same("blk.0.post_attention_norm.weight", minus));
+        assert_eq!(l("model.layers.1.self_attn.k_norm.weight", Arch::Gemma3), same("blk.1.attn_k_norm.weight", minus));
+        assert_eq!(l("model.layers.1.post_attention_layernorm.weight", Arch::Llama), same("blk.1.ffn_norm.weight", None));
+        assert_eq!(l("language_model.lm_head.weight", Arch::Llama), same("output.weight", None));
+        assert_eq!(l("model.multi_modal_projector.mm_soft_emb_norm.weight", Arch::Gemma3), same("mm.soft_emb_norm.weight", minus));
+        assert_eq!(l("vision_tower.vision_model.encoder.layers.1.mlp.fc1.bias", Arch::Gemma3), same("v.blk.1.ffn_up.bias", None));
+        assert_eq!(l("model.vision_tower.vision_model.pre_layrnorm.weight", Arch::Llama), same("v.pre_ln.weight", None));
+        assert_eq!(l("model.image_newline", Arch::Llama), same("model.image_newline", None));
+        assert_eq!(l("multi_modal_projector.linear_2.weight", Arch::Llama), same("mm.2.weight", None));
+        let q = locate("model.layers.0.self_attn.q_proj.weight", Arch::Llama, h, true).unwrap();
+        assert_eq!(q.permute, Some(Permute::Unrope { head_dim: 4 }));
+        assert_eq!(locate("model.layers.0.self_attn.q_proj.weight", Arch::Gemma3, h, true).unwrap().permute, None);
+    }
+
+    /// The inverse of `conversion/llama.py`'s `permute`: two heads of width 4, each head's
+    /// halves [a0 a1 | b0 b1] stored interleaved [a0 b0 a1 b1].
+    #[test]
+    fn unrope_inverts_the_llama_permute() {
+        let stored = ["a0", "b0", "a1", "b1", "c0", "d0", "c1", "d1"];
+        let back: Vec<_> = Permute::Unrope { head_dim: 4 }.source_index(8).into_iter().map(|i| stored[i]).collect();
+        assert_eq!(back, ["a0", "a1", "b0", "b1", "c0", "c1", "d0", "d1"]);
+    }
+
     /// The inverse of the converter's `_reorder_v_heads`: 2 key heads, 3 values each.
     #[test]
     fn untile_inverts_the_reorder() {
