@@ -104,7 +104,9 @@ def llava_text_checkpoint(src: Path, dst: Path):
     llm.lm_head.load_state_dict(full.lm_head.state_dict())
     dst.mkdir(parents=True, exist_ok=True)
     llm.save_pretrained(dst, safe_serialization=True)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+    # The checkpoint's tokenizer files beside it, its chat template (chat_template.json, which the converter's
+    # SpecialVocab reads) included, so the text file carries the vicuna template as the Qwen fixtures carry theirs.
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json", "chat_template.json"):
         shutil.copy(src / f, dst / f)
     spm_model(src, dst / "tokenizer.model", True)
 

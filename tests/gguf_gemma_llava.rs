@@ -191,6 +191,42 @@ fn f32_gguf_is_the_safetensors_model() {
     }
 }
 
+/// LLaVA-NeXT's files as merg loads a user's (`Checkpoint::load_gguf`: the tokenizer rebuilt
+/// from the metadata, the vicuna template the file carries, the projector's pinpoints, the
+/// preprocessor config beside): a chat with an image gives the hub checkpoint's prompt ids and
+/// pixels and, on the same inputs, the f16-rounded safetensors model's logits.
+#[test]
+fn llava_gguf_checkpoint_runs_a_chat_with_an_image() {
+    use merg::chat::{ContentPart, Message};
+    use merg::checkpoint::LoadOptions;
+    let paths = gguf("llava-next", "f32");
+    let ours = merg::Checkpoint::load_gguf(&paths, &Device::Cpu, &LoadOptions::default()).unwrap();
+    assert!(ours.tokenizer_json.is_some());
+    let hub = merg::Checkpoint::load(merg::hub::resolve(tiny_dir("llava_next").to_str().unwrap(), None).unwrap(), &Device::Cpu, Some(DType::F32)).unwrap();
+    let files = shards(&tiny_dir("llava_next"));
+    let mut names: Vec<String> = index_shards(&files).unwrap().into_keys().collect();
+    names.sort();
+    let reference = RoundedToF16 { names: stored_f16(&names, &paths), inner: SafetensorsWeights::open(&files).unwrap() };
+    let rounded = merg::models::load(&reference_config("llava_next"), Weights::new(Arc::new(reference), DType::F32, &Device::Cpu)).unwrap();
+    let photo = merg::vision::Media::Image(image::open(fixtures().join("media/img_a.png")).unwrap().to_rgb8());
+    let text = [Message::text("user", "How was your day? I hope it went well.")];
+    let with_image = [Message::new("user", vec![ContentPart::Image, ContentPart::Text("How does she feel?".into())])];
+    for (messages, media) in [(&text[..], vec![]), (&with_image[..], vec![photo])] {
+        let (ids, vis) = merg::generate::reference_inputs(&ours.processor, messages, &media, &Device::Cpu).unwrap();
+        let (hub_ids, hub_vis) = merg::generate::reference_inputs(&hub.processor, messages, &media, &Device::Cpu).unwrap();
+        assert_eq!(ids, hub_ids, "prompt ids");
+        if let (Some(a), Some(b)) = (&vis.image_patches, &hub_vis.image_patches) {
+            assert_eq!(max_diff(a, b), 0.0, "image patches");
+        }
+        assert_eq!(vis.image_patches.is_some(), !media.is_empty());
+        let (la, lb) = (prompt_logits(&*rounded, &ids, &vis), prompt_logits(&*ours.model, &ids, &vis));
+        let d = max_diff(&la, &lb);
+        let scale = la.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        eprintln!("llava_next chat, {} media: {} tokens, max |Δlogit| {d:e} (scale {scale:.2})", media.len(), ids.len());
+        assert!(d <= 1e-5 * scale.max(1.0), "GGUF checkpoint logits differ by {d}");
+    }
+}
+
 /// The SentencePiece tokenizer rebuilt from `tokenizer.ggml.*` (pieces, scores, types; merges
 /// from the scores) encodes and decodes as the checkpoint's tokenizer.json, with and without
 /// the `<bos>` the post-processor adds; for LLaVA, dialogue text through merg's chat tokenizer
