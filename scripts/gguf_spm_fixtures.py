@@ -20,6 +20,7 @@ SpmConverter rebuilds the merges from these scores). Without it the converter wo
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -116,9 +117,7 @@ def llava_projector(python: str, llama_cpp: Path, src: Path, work: Path, out: Pa
     legacy = llama_cpp / "tools" / "mtmd" / "legacy-models"
     model = work / "model"
     shutil.copytree(src, model, dirs_exist_ok=True)
-    env = {"PYTHONPATH": str(llama_cpp / "gguf-py")}
-    import os
-    env = {**os.environ, **env}
+    env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
     run([python, legacy / "llava_surgery_v2.py", "-C", "-m", model], env=env)
     vit = work / "vit"
     vit.mkdir(exist_ok=True)
