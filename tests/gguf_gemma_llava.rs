@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
-use common::{fixtures, golden, ids_i64};
+use common::{fixtures, golden, ids_i64, tiny_dir};
 use merg::generate::{forward_logits, prepare, SamplingParams, VisionInput};
 use merg::gguf::{GgufFile, GgufPaths};
 use merg::models::{DenseCache, MediaGrid, Model};
@@ -21,11 +21,6 @@ use merg::weights::{index_shards, Expect, SafetensorsWeights, WeightSource, Weig
 
 /// (model_type, fixture folder).
 const FAMILIES: [(&str, &str); 2] = [("gemma3", "gemma3"), ("llava_next", "llava-next")];
-
-/// The tiny hub checkpoint of a family.
-fn tiny_dir(family: &str) -> PathBuf {
-    fixtures().join(if family == "gemma3" { "tiny-gemma3" } else { "tiny-llava-next" })
-}
 
 fn gguf(dir: &str, kind: &str) -> GgufPaths {
     let base = fixtures().join("gguf").join(dir);
@@ -191,46 +186,48 @@ fn f32_gguf_is_the_safetensors_model() {
     }
 }
 
-/// LLaVA-NeXT's files as merg loads a user's (`Checkpoint::load_gguf`: the tokenizer rebuilt
-/// from the metadata, the vicuna template the file carries, the projector's pinpoints, the
-/// preprocessor config beside): a chat with an image gives the hub checkpoint's prompt ids and
-/// pixels and, on the same inputs, the f16-rounded safetensors model's logits.
+/// The files as merg loads a user's (`Checkpoint::load_gguf`: the tokenizer rebuilt from the
+/// metadata, the chat template the file carries, the projector's geometry, the preprocessor
+/// config beside): a chat with an image gives the hub checkpoint's prompt ids and pixels and,
+/// on the same inputs, the logits of the safetensors model llama.cpp's file describes (see
+/// `reference_config`, f16-rounded where the converter stored f16).
 #[test]
-fn llava_gguf_checkpoint_runs_a_chat_with_an_image() {
+fn gguf_checkpoint_runs_a_chat_with_an_image() {
     use merg::chat::{ContentPart, Message};
     use merg::checkpoint::LoadOptions;
-    let paths = gguf("llava-next", "f32");
-    let ours = merg::Checkpoint::load_gguf(&paths, &Device::Cpu, &LoadOptions::default()).unwrap();
-    assert!(ours.tokenizer_json.is_some());
-    let hub = merg::Checkpoint::load(merg::hub::resolve(tiny_dir("llava_next").to_str().unwrap(), None).unwrap(), &Device::Cpu, Some(DType::F32)).unwrap();
-    let files = shards(&tiny_dir("llava_next"));
-    let mut names: Vec<String> = index_shards(&files).unwrap().into_keys().collect();
-    names.sort();
-    let reference = RoundedToF16 { names: stored_f16(&names, &paths), inner: SafetensorsWeights::open(&files).unwrap() };
-    let rounded = merg::models::load(&reference_config("llava_next"), Weights::new(Arc::new(reference), DType::F32, &Device::Cpu)).unwrap();
-    let photo = merg::vision::Media::Image(image::open(fixtures().join("media/img_a.png")).unwrap().to_rgb8());
-    let text = [Message::text("user", "How was your day? I hope it went well.")];
-    let with_image = [Message::new("user", vec![ContentPart::Image, ContentPart::Text("How does she feel?".into())])];
-    for (messages, media) in [(&text[..], vec![]), (&with_image[..], vec![photo])] {
-        let (ids, vis) = merg::generate::reference_inputs(&ours.processor, messages, &media, &Device::Cpu).unwrap();
-        let (hub_ids, hub_vis) = merg::generate::reference_inputs(&hub.processor, messages, &media, &Device::Cpu).unwrap();
-        assert_eq!(ids, hub_ids, "prompt ids");
-        if let (Some(a), Some(b)) = (&vis.image_patches, &hub_vis.image_patches) {
-            assert_eq!(max_diff(a, b), 0.0, "image patches");
+    for (family, dir) in FAMILIES {
+        let paths = gguf(dir, "f32");
+        let ours = merg::Checkpoint::load_gguf(&paths, &Device::Cpu, &LoadOptions::default()).unwrap();
+        let hub = merg::Checkpoint::load(merg::hub::resolve(tiny_dir(family).to_str().unwrap(), None).unwrap(), &Device::Cpu, Some(DType::F32)).unwrap();
+        let files = shards(&tiny_dir(family));
+        let mut names: Vec<String> = index_shards(&files).unwrap().into_keys().collect();
+        names.sort();
+        let reference = RoundedToF16 { names: stored_f16(&names, &paths), inner: SafetensorsWeights::open(&files).unwrap() };
+        let rounded = merg::models::load(&reference_config(family), Weights::new(Arc::new(reference), DType::F32, &Device::Cpu)).unwrap();
+        let photo = merg::vision::Media::Image(image::open(fixtures().join("media/img_a.png")).unwrap().to_rgb8());
+        let text = [Message::text("user", "How was your day? I hope it went well.")];
+        let with_image = [Message::new("user", vec![ContentPart::Image, ContentPart::Text("How does she feel?".into())])];
+        for (messages, media) in [(&text[..], vec![]), (&with_image[..], vec![photo])] {
+            let (ids, vis) = merg::generate::reference_inputs(&ours.processor, messages, &media, &Device::Cpu).unwrap();
+            let (hub_ids, hub_vis) = merg::generate::reference_inputs(&hub.processor, messages, &media, &Device::Cpu).unwrap();
+            assert_eq!(ids, hub_ids, "{family}: prompt ids");
+            if let (Some(a), Some(b)) = (&vis.image_patches, &hub_vis.image_patches) {
+                assert_eq!(max_diff(a, b), 0.0, "{family}: image patches");
+            }
+            assert_eq!(vis.image_patches.is_some(), !media.is_empty());
+            let (la, lb) = (prompt_logits(&*rounded, &ids, &vis), prompt_logits(&*ours.model, &ids, &vis));
+            let d = max_diff(&la, &lb);
+            let scale = la.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            eprintln!("{family} chat, {} media: {} tokens, max |Δlogit| {d:e} (scale {scale:.2})", media.len(), ids.len());
+            assert!(d <= 1e-5 * scale.max(1.0), "{family}: GGUF checkpoint logits differ by {d}");
         }
-        assert_eq!(vis.image_patches.is_some(), !media.is_empty());
-        let (la, lb) = (prompt_logits(&*rounded, &ids, &vis), prompt_logits(&*ours.model, &ids, &vis));
-        let d = max_diff(&la, &lb);
-        let scale = la.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        eprintln!("llava_next chat, {} media: {} tokens, max |Δlogit| {d:e} (scale {scale:.2})", media.len(), ids.len());
-        assert!(d <= 1e-5 * scale.max(1.0), "GGUF checkpoint logits differ by {d}");
     }
 }
 
 /// The SentencePiece tokenizer rebuilt from `tokenizer.ggml.*` (pieces, scores, types; merges
 /// from the scores) encodes and decodes as the checkpoint's tokenizer.json, with and without
-/// the `<bos>` the post-processor adds; for LLaVA, dialogue text through merg's chat tokenizer
-/// cannot become the image token or `</s>`.
+/// the `<bos>` the post-processor adds; dialogue text through merg's chat tokenizer cannot
+/// become an added token.
 #[test]
 fn tokenizer_from_gguf_metadata_equals_tokenizer_json() {
     let texts = [
@@ -262,14 +259,25 @@ fn tokenizer_from_gguf_metadata_equals_tokenizer_json() {
         }
         assert_eq!(ours.get_vocab_size(true), hf.get_vocab_size(true), "{family}: vocabulary");
     }
-    let f = GgufFile::open(&gguf("llava-next", "f32").text).unwrap();
-    let chat = merg::tokenizer::ChatTokenizer::from_json(&merg::gguf::tokenizer::tokenizer_json(&f).unwrap(), "gguf", None).unwrap();
-    let hf = merg::tokenizer::ChatTokenizer::from_dir(&tiny_dir("llava_next")).unwrap();
-    for t in texts {
-        assert_eq!(chat.encode_text(t).unwrap(), hf.encode_text(t).unwrap(), "llava_next chat tokenizer: {t:?}");
+    // Through merg's chat tokenizer: data text as the checkpoint's tokenizer splits it, and
+    // never one of the added tokens (Gemma's turn and image tokens, LLaVA's <image>, <s>, </s>).
+    for (family, dir) in FAMILIES {
+        let f = GgufFile::open(&gguf(dir, "f32").text).unwrap();
+        let chat = merg::tokenizer::ChatTokenizer::from_json(&merg::gguf::tokenizer::tokenizer_json(&f).unwrap(), "gguf", None).unwrap();
+        let hf = merg::tokenizer::ChatTokenizer::from_dir(&tiny_dir(family)).unwrap();
+        for t in texts {
+            assert_eq!(chat.encode_text(t).unwrap(), hf.encode_text(t).unwrap(), "{family} chat tokenizer: {t:?}");
+        }
+        let ids = chat.encode_text(texts[3]).unwrap();
+        let added: Vec<u32> = hf_added(&tiny_dir(family));
+        assert!(added.len() >= 5 && ids.iter().all(|i| !added.contains(i)), "{family}: data text made an added token: {ids:?}");
     }
-    let ids = chat.encode_text(texts[3]).unwrap();
-    assert!(!ids.contains(&400) && !ids.contains(&2) && !ids.contains(&1), "data text made a special token: {ids:?}");
+}
+
+/// The ids of a tokenizer.json's added tokens.
+fn hf_added(dir: &Path) -> Vec<u32> {
+    let t: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap()).unwrap();
+    t["added_tokens"].as_array().unwrap().iter().map(|a| a["id"].as_u64().unwrap() as u32).collect()
 }
 
 fn golden_json(path: &Path) -> serde_json::Value {
