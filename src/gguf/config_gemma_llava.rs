@@ -57,6 +57,8 @@ fn text_common(f: &GgufFile, a: &str) -> Result<Map<String, Value>> {
     c.insert("rms_norm_eps".into(), json!(need(f, &format!("{a}.attention.layer_norm_rms_epsilon"))?));
     c.insert("rope_theta".into(), json!(need(f, &format!("{a}.rope.freq_base"))?));
     c.insert("vocab_size".into(), json!(dims(f, "token_embd.weight")?[0]));
+    // Gemma 3 reads the tie from text_config, LLaVA-NeXT from the top (set in `config`).
+    c.insert("tie_word_embeddings".into(), json!(f.info("output.weight").is_none()));
     if let Some(n) = num(f, &format!("{a}.context_length"))? {
         c.insert("max_position_embeddings".into(), json!(n as usize));
     }
