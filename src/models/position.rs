@@ -200,7 +200,9 @@ pub fn tmrope_index(ids: &[u32], media: &[MediaGrid], p: &RopeParams, tm: &TmRop
     if images.next().is_some() || videos.next().is_some() {
         bail!("more images/videos given than placeholders in the prompt");
     }
-    Ok((pos, next - ids.len() as i64))
+    // The delta continues after the largest id, which a late video step can hold.
+    let max = pos.iter().flatten().copied().max().unwrap_or(-1);
+    Ok((pos, max + 1 - ids.len() as i64))
 }
 
 /// Temporal ids of a video's steps: `(s · seconds per grid · per_second)` in f32, truncated.
@@ -265,4 +267,41 @@ fn audio_in_video(ids: &[u32], m: &MediaGrid, p: &RopeParams, tm: &TmRope, start
     let end = last + 1;
     (0..3).for_each(|c| run[c].extend_from_slice(&[end, end]));
     Ok((run, len + 4))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_split_at_each_multiple() {
+        assert_eq!(chunks(&[0, 0, 25, 25, 50, 50, 75], 50), vec![(0, 4), (4, 7)]);
+        let audio: Vec<i64> = (0..112).collect();
+        assert_eq!(chunks(&audio, 50), vec![(0, 50), (50, 100), (100, 112)]);
+    }
+
+    /// A video whose last step (t = 75) passes its audio's end (60 tokens): transformers puts
+    /// the end markers and the text after the last chunk (the audio's, max 61), while the rope
+    /// delta follows the largest id (77). Values from transformers 4.57.1's get_rope_index.
+    #[test]
+    fn audio_in_video_follows_transformers_past_the_audio_end() {
+        let (v, au, vs, as_, ae, ve) = (461, 451, 457, 452, 453, 458);
+        let mut ids = vec![5, vs, as_, v, v];
+        ids.extend([au; 50]);
+        ids.extend([v, v]);
+        ids.extend([au; 10]);
+        ids.extend([ae, ve, 7]);
+        let p = RopeParams { merge: 2, image_token: 460, video_token: v, video_time: VideoTime::Index };
+        let tm = TmRope { audio_token: au, audio_start: as_, audio_end: ae, vision_start: vs, vision_end: ve, per_second: 25, per_chunk: 50 };
+        let video = MediaGrid { thw: [4, 2, 2], is_video: true, second_per_grid: 1.0, frames: 0, size: [0, 0] };
+        let (pos, delta) = tmrope_index(&ids, &[video], &p, &tm).unwrap();
+        let mut t = vec![0, 1, 1, 2, 27];
+        t.extend(2..52);
+        t.extend([52, 77]);
+        t.extend(52..62);
+        t.extend([62, 62, 63]);
+        assert_eq!(pos[0], t);
+        assert_eq!(&pos[1][..8], &[0, 1, 1, 2, 2, 2, 3, 4]);
+        assert_eq!(delta, 8);
+    }
 }
