@@ -196,8 +196,9 @@ impl Model for VisionLanguageModel {
     fn encode_audio(&self, mel: &Tensor) -> Result<Tensor> {
         let Some((spec, encoder)) = &self.audio else { bail!("{} has no audio encoder", self.spec.model_type) };
         let (mels, frames) = mel.dims2().context("log-mel features must be [mels, frames]")?;
-        if mels != spec.mel_bins || frames == 0 {
-            bail!("log-mel features of {mels} mels × {frames} frames, the audio encoder takes {} mels and at least one frame", spec.mel_bins);
+        // Fewer than 3 frames pool to no token at all.
+        if mels != spec.mel_bins || AudioSpec::tokens(frames) == 0 {
+            bail!("log-mel features of {mels} mels × {frames} frames: the audio encoder takes {} mels and at least 3 frames", spec.mel_bins);
         }
         encoder.encode(&mel.to_device(self.device())?)
     }

@@ -158,7 +158,8 @@ impl Config {
     fn validate(&self) -> Result<()> {
         self.vl.validate().context("thinker_config")?;
         self.audio.validate(self.vl.text.hidden_size).context("thinker_config")?;
-        if self.per_second <= 0 || !(self.seconds_per_chunk > 0.0) || self.per_chunk() <= 0 {
+        // A chunk of no ids (seconds_per_chunk 0, negative or NaN) would never end.
+        if self.per_second <= 0 || self.per_chunk() <= 0 {
             bail!("thinker_config.position_id_per_seconds {} and seconds_per_chunk {} must be positive", self.per_second, self.seconds_per_chunk);
         }
         Ok(())
