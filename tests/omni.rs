@@ -168,8 +168,22 @@ fn talker_and_token2wav_are_skipped_and_named() {
     assert_eq!(model.audio_spec().map(|a| (a.token, a.mel_bins, a.chunk_frames)), Some((451, 128, 200)));
     let notes = merg::models::registry::notes(&cfg).unwrap().join(" ");
     assert!(notes.contains("talker") && notes.contains("token2wav"), "{notes}");
+    // The counts from the config equal the checkpoint's own tensors (the audio tower's unused
+    // audio_bos_eos_token table aside).
     let params = merg::models::param_counts(&cfg).unwrap();
-    assert!(params.audio > 0 && params.total() == params.text_linear + params.text_other + params.vision + params.audio);
+    let mut stored: HashMap<&str, u64> = HashMap::new();
+    for f in weight_files() {
+        for (name, t) in candle_core::safetensors::load(&f, &candle_core::Device::Cpu).unwrap() {
+            let part = match name.as_str() {
+                n if n.starts_with("thinker.audio_tower.") && !n.contains("audio_bos_eos_token") => "audio",
+                n if n.starts_with("thinker.visual.") => "vision",
+                n if n.starts_with("thinker.model.") || n == "thinker.lm_head.weight" => "text",
+                _ => "other",
+            };
+            *stored.entry(part).or_default() += t.elem_count() as u64;
+        }
+    }
+    assert_eq!((params.audio, params.vision, params.text_linear + params.text_other), (stored["audio"], stored["vision"], stored["text"]));
 }
 
 /// An audio config whose sizes do not match the tensors fails naming the tensor and the
@@ -239,4 +253,15 @@ fn audio_in_video_layout_is_checked() {
     let audio_feats: Vec<Tensor> = clips(&g).iter().map(|c| model.encode_audio(c).unwrap()).collect();
     let e = format!("{:#}", model.prepare_prompt_with_audio(&ids, &vis.media, &feats, &audio_feats).err().unwrap());
     assert!(e.contains("video with its audio at token") && e.contains("interleaved"), "{e}");
+}
+
+/// `merg info` counts the audio tower and says that the speech output is not loaded.
+#[test]
+fn info_counts_the_audio_tower_and_names_the_skipped_parts() {
+    let dir = tiny_dir(FAMILY).display().to_string();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_merg")).args(["info", "--model", &dir]).env("HF_HUB_OFFLINE", "1").output().unwrap();
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("family:    qwen2_5_omni") && out.contains("+ audio "), "{out}");
+    assert!(out.contains("note:") && out.contains("talker and token2wav"), "{out}");
 }
