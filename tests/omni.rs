@@ -265,3 +265,31 @@ fn info_counts_the_audio_tower_and_names_the_skipped_parts() {
     assert!(out.contains("family:    qwen2_5_omni") && out.contains("+ audio "), "{out}");
     assert!(out.contains("note:") && out.contains("talker and token2wav"), "{out}");
 }
+
+/// The rendered prompt (the goldens' `prompt_text`, from transformers' chat template) through
+/// the checkpoint's tokenizer.json and `expand_placeholders` gives the processor's ids: audio
+/// runs from the clips' frames, image and video runs from their grids, and the video with its
+/// audio interleaved in 2 s chunks.
+#[test]
+fn placeholders_expand_as_the_processor_does() {
+    use merg::models::qwen2_5_omni::prompt::{expand_placeholders, PromptMedia};
+    let cfg = merg::models::qwen2_5_omni::Config::from_value(&config()).unwrap();
+    let tok = tokenizers::Tokenizer::from_file(tiny_dir(FAMILY).join("tokenizer.json")).unwrap();
+    for case in CASES {
+        let (g, meta) = golden(FAMILY, case);
+        let text = meta["prompt_text"].as_str().unwrap();
+        let ids = tok.encode(text, false).unwrap().get_ids().to_vec();
+        let frames: Vec<usize> = g.get("feature_attention_mask").map_or(vec![], |m| m.to_vec2::<i64>().unwrap().iter().map(|r| r.iter().sum::<i64>() as usize).collect());
+        let vis = vision_input(&g);
+        let m = PromptMedia { media: &vis.media, audio_frames: &frames, audio_in_video: meta["use_audio_in_video"].as_bool().unwrap() };
+        assert_eq!(expand_placeholders(&ids, &m, &cfg).unwrap(), golden_ids(&g, "input_ids"), "{case}: expanded prompt ids");
+    }
+    // A clip too many, or one too few, is an error.
+    let (g, meta) = golden(FAMILY, "audio");
+    let ids = tok.encode(meta["prompt_text"].as_str().unwrap(), false).unwrap().get_ids().to_vec();
+    for frames in [vec![], vec![530, 530]] {
+        let m = PromptMedia { media: &[], audio_frames: &frames, audio_in_video: false };
+        assert!(expand_placeholders(&ids, &m, &cfg).is_err(), "{} clips", frames.len());
+    }
+    assert!(g.contains_key("input_features"));
+}

@@ -206,13 +206,13 @@ pub fn tmrope_index(ids: &[u32], media: &[MediaGrid], p: &RopeParams, tm: &TmRop
 }
 
 /// Temporal ids of a video's steps: `(s · seconds per grid · per_second)` in f32, truncated.
-fn video_times(m: &MediaGrid, tm: &TmRope) -> Vec<i64> {
+pub fn video_times(m: &MediaGrid, tm: &TmRope) -> Vec<i64> {
     (0..m.thw[0]).map(|s| (s as f32 * m.second_per_grid as f32 * tm.per_second as f32) as i64).collect()
 }
 
 /// `[start, end)` runs of `values` (ascending, counted from 0) by chunks of `per_chunk`, as
 /// transformers' `get_chunked_index`: a run ends where a value reaches the next multiple.
-fn chunks(values: &[i64], per_chunk: i64) -> Vec<(usize, usize)> {
+pub fn chunks(values: &[i64], per_chunk: i64) -> Vec<(usize, usize)> {
     let (mut out, mut start, mut chunk) = (vec![], 0usize, 1i64);
     for (i, &v) in values.iter().enumerate() {
         if v >= chunk * per_chunk {

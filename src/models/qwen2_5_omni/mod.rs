@@ -6,6 +6,7 @@
 
 pub mod audio;
 pub mod config;
+pub mod prompt;
 
 use anyhow::{Context, Result};
 use serde_json::Value;
