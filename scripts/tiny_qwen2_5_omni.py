@@ -17,7 +17,8 @@ Checkpoint (tests/fixtures/tiny-qwen2_5-omni/), in the layout of the released Qw
   renames: <|AUDIO|> <|audio_bos|> <|audio_eos|> <|vision_bos|> <|vision_eos|> <|IMAGE|> <|VIDEO|>), the Omni chat
   template, preprocessor_config.json (WhisperFeatureExtractor, 128 mels, + the Qwen2-VL image processor fields).
 
-Goldens (tests/fixtures/goldens/qwen2_5_omni/): text, audio, image_audio, video_audio (use_audio_in_video). Each holds
+Goldens (tests/fixtures/goldens/qwen2_5_omni/): text, audio, image_audio, video_audio (use_audio_in_video) and video
+(the same frames without their track). Each holds
 the prompt ids, positions and rope delta from transformers' get_rope_index (TMRoPE), the f32 logits of the no-cache
 forward (eager attention), 32 greedy ids, and the processor's inputs: input_features cut to the longest clip's valid
 frames (the rest is padding to 30 s that the model drops by feature_attention_mask), feature_attention_mask,
@@ -243,6 +244,9 @@ CASES = {
                                                          {"type": "text", "text": "What is in this picture?"}]}],
     "video_audio": [SYSTEM, {"role": "user", "content": [{"type": "video", "video": "vid"},
                                                          {"type": "text", "text": "What happens next in the video?"}]}],
+    # The same video without its track: TMRoPE's plain video time (steps at seconds x 25).
+    "video": [SYSTEM, {"role": "user", "content": [{"type": "video", "video": "vid", "with_audio": False},
+                                                   {"type": "text", "text": "Can you describe the video in a few words?"}]}],
 }
 # Seconds of each synthetic clip: 5.3 s = 530 mel frames = chunks of 200, 200, 130; 1.7 s = one partial chunk;
 # 4.5 s beside a 4 s video = three audio time chunks against two video ones.
@@ -284,8 +288,9 @@ def processor_inputs(proc, messages):
                 audios.append(clip(c["audio"]))
             elif c["type"] == "video":
                 videos.append(video_frames())
-                audios.append(clip(c["video"]))
-    in_video = bool(videos)
+                if c.get("with_audio", True):
+                    audios.append(clip(c["video"]))
+    in_video = bool(videos) and bool(audios)
     text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     inputs = proc(text=text, images=images or None, audio=audios or None, videos=videos or None, return_tensors="pt",
                   videos_kwargs={"size": {"shortest_edge": 3136, "longest_edge": 50176}, "fps": VIDEO_FPS,
@@ -311,7 +316,8 @@ def run_case(case, proc, model):
     text, inputs, in_video = processor_inputs(proc, messages)
     L = inputs["input_ids"].shape[1]
     if "video_second_per_grid" in inputs:
-        inputs["video_second_per_grid"] = torch.tensor(inputs["video_second_per_grid"], dtype=torch.float32)
+        v = inputs["video_second_per_grid"]  # a list from the processor, a tensor once return_tensors applies
+        inputs["video_second_per_grid"] = (v if torch.is_tensor(v) else torch.tensor(v)).to(torch.float32)
     kw = dict(inputs)
     kw["use_audio_in_video"] = in_video
     with torch.no_grad():
@@ -358,8 +364,9 @@ def run_case(case, proc, model):
     GOLD.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(GOLD / f"{case}.safetensors"), metadata={"format": "pt"})
     meta = {"messages": messages, "prompt_text": text, "use_audio_in_video": in_video,
-            "clip_seconds": {c["audio"] if "audio" in c else c.get("video"): CLIPS.get(c.get("audio", c.get("video")))
-                             for m in messages for c in m["content"] if c["type"] in ("audio", "video")},
+            "clip_seconds": {c.get("audio", c.get("video")): CLIPS[c.get("audio", c.get("video"))]
+                             for m in messages for c in m["content"]
+                             if c["type"] == "audio" or c["type"] == "video" and c.get("with_audio", True)},
             "num_new_tokens": NEW_TOKENS, "greedy_ids": greedy.tolist(), "margins": margins,
             "min_margin": min(margins), "transformers": transformers.__version__, "torch": torch.__version__}
     (GOLD / f"{case}.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -1,6 +1,6 @@
 //! Qwen2.5-Omni's thinker against transformers 4.57.1 on the tiny checkpoint (goldens made by
-//! scripts/tiny_qwen2_5_omni.py): for text, audio, image + audio and a video with its audio
-//! track, the audio tower's features, TMRoPE positions and rope delta, f32 logits within 1e-4
+//! scripts/tiny_qwen2_5_omni.py): for text, audio, image + audio, a video with its audio track
+//! and the same video without it, the audio tower's features, TMRoPE positions and rope delta, f32 logits within 1e-4
 //! relative and 32 greedy tokens, fed the processor's own inputs (log-mel features, patches,
 //! grids); bf16 within the other families' tolerances; and the errors of bad configs and
 //! inputs.
@@ -17,7 +17,7 @@ use merg::models::{DenseCache, MediaGrid, Model, PromptInputs};
 use merg::weights::Weights;
 
 const FAMILY: &str = "qwen2_5_omni";
-const CASES: [&str; 4] = ["text", "audio", "image_audio", "video_audio"];
+const CASES: [&str; 5] = ["text", "audio", "image_audio", "video_audio", "video"];
 
 fn config() -> serde_json::Value {
     merg::models::registry::read_config(&tiny_dir(FAMILY).join("config.json")).unwrap()
