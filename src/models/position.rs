@@ -206,13 +206,13 @@ pub fn tmrope_index(ids: &[u32], media: &[MediaGrid], p: &RopeParams, tm: &TmRop
 }
 
 /// Temporal ids of a video's steps: `(s · seconds per grid · per_second)` in f32, truncated.
-pub fn video_times(m: &MediaGrid, tm: &TmRope) -> Vec<i64> {
+fn video_times(m: &MediaGrid, tm: &TmRope) -> Vec<i64> {
     (0..m.thw[0]).map(|s| (s as f32 * m.second_per_grid as f32 * tm.per_second as f32) as i64).collect()
 }
 
 /// `[start, end)` runs of `values` (ascending, counted from 0) by chunks of `per_chunk`, as
 /// transformers' `get_chunked_index`: a run ends where a value reaches the next multiple.
-pub fn chunks(values: &[i64], per_chunk: i64) -> Vec<(usize, usize)> {
+fn chunks(values: &[i64], per_chunk: i64) -> Vec<(usize, usize)> {
     let (mut out, mut start, mut chunk) = (vec![], 0usize, 1i64);
     for (i, &v) in values.iter().enumerate() {
         if v >= chunk * per_chunk {
@@ -224,10 +224,29 @@ pub fn chunks(values: &[i64], per_chunk: i64) -> Vec<(usize, usize)> {
     out
 }
 
+/// The tokens of a video (grid `m`) and its audio track (`n_audio` tokens) between their
+/// markers, as transformers' processor lays them out: each time chunk's video tokens, then its
+/// audio tokens.
+pub fn interleaved_tokens(m: &MediaGrid, merge: usize, n_audio: usize, video_token: u32, tm: &TmRope) -> Vec<u32> {
+    let per_step = (m.thw[1] / merge) * (m.thw[2] / merge);
+    let video: Vec<i64> = video_times(m, tm).into_iter().flat_map(|t| std::iter::repeat_n(t, per_step)).collect();
+    let audio: Vec<i64> = (0..n_audio as i64).collect();
+    let (vc, ac) = (chunks(&video, tm.per_chunk), chunks(&audio, tm.per_chunk));
+    let mut out = Vec::with_capacity(video.len() + n_audio);
+    for j in 0..vc.len().max(ac.len()) {
+        if let Some(&(a, b)) = vc.get(j) {
+            out.extend(std::iter::repeat_n(video_token, b - a));
+        }
+        if let Some(&(a, b)) = ac.get(j) {
+            out.extend(std::iter::repeat_n(tm.audio_token, b - a));
+        }
+    }
+    out
+}
+
 /// Positions of one audio-in-video block at the start of `ids` (its two start markers, the
 /// interleaved video and audio tokens, its two end markers, both at the block's last id) and
-/// the tokens it spans. Every
-/// token of the block must be where transformers' processor puts it.
+/// the tokens it spans. Every token of the block must be where `interleaved_tokens` puts it.
 fn audio_in_video(ids: &[u32], m: &MediaGrid, p: &RopeParams, tm: &TmRope, start: i64) -> Result<(Positions, usize)> {
     let body = &ids[2..];
     let n_video = m.thw[0] * (m.thw[1] / p.merge) * (m.thw[2] / p.merge);
@@ -239,13 +258,15 @@ fn audio_in_video(ids: &[u32], m: &MediaGrid, p: &RopeParams, tm: &TmRope, start
     if body.get(len) != Some(&tm.audio_end) || body.get(len + 1) != Some(&tm.vision_end) {
         bail!("the block does not end with the audio-end and vision-end markers");
     }
+    if body[..len] != interleaved_tokens(m, p.merge, n_audio, p.video_token, tm)[..] {
+        bail!("video and audio tokens are not interleaved in {}-id time chunks as the processor writes them", tm.per_chunk);
+    }
     let st = start + 1;
     let video = grid_run(m, p.merge, st, &video_times(m, tm));
     let audio: Vec<i64> = (0..n_audio as i64).map(|k| k + st).collect();
     let rel = |v: &[i64]| v.iter().map(|x| x - st).collect::<Vec<_>>();
     let (vc, ac) = (chunks(&rel(&video[0]), tm.per_chunk), chunks(&rel(&audio), tm.per_chunk));
     let mut run: Positions = [vec![start, start], vec![start, start], vec![start, start]];
-    let mut expect = vec![];
     // transformers puts the end markers after the last chunk's max, which need not be the
     // block's (a video step late in the last chunk can pass the audio's end).
     let mut last = start;
@@ -253,16 +274,11 @@ fn audio_in_video(ids: &[u32], m: &MediaGrid, p: &RopeParams, tm: &TmRope, start
         if let Some(&(a, b)) = vc.get(j) {
             (0..3).for_each(|c| run[c].extend_from_slice(&video[c][a..b]));
             last = (0..3).flat_map(|c| video[c][a..b].iter().copied()).max().unwrap_or(last);
-            expect.extend(std::iter::repeat_n(p.video_token, b - a));
         }
         if let Some(&(a, b)) = ac.get(j) {
             (0..3).for_each(|c| run[c].extend_from_slice(&audio[a..b]));
             last = audio[a..b].iter().copied().max().unwrap_or(last);
-            expect.extend(std::iter::repeat_n(tm.audio_token, b - a));
         }
-    }
-    if body[..len] != expect[..] {
-        bail!("video and audio tokens are not interleaved in {}-id time chunks as the processor writes them", tm.per_chunk);
     }
     let end = last + 1;
     (0..3).for_each(|c| run[c].extend_from_slice(&[end, end]));

@@ -8,7 +8,7 @@
 use anyhow::{bail, Result};
 
 use super::Config;
-use crate::models::position::{chunks, video_times};
+use crate::models::position::interleaved_tokens;
 use crate::models::{AudioSpec, MediaGrid};
 
 /// Media of one prompt in the order of their placeholders: images and videos (`media`) and the
@@ -47,7 +47,7 @@ pub fn expand_placeholders(ids: &[u32], m: &PromptMedia, cfg: &Config) -> Result
             }
             let Some(&f) = audios.next() else { bail!("a video with its audio track but no audio clip left for it") };
             out.push(cfg.audio_start);
-            out.extend(interleaved(g, AudioSpec::tokens(f), cfg));
+            out.extend(interleaved_tokens(g, merge, AudioSpec::tokens(f), special.video, &cfg.tmrope()));
             out.push(cfg.audio_end);
         } else {
             out.push(t);
@@ -57,25 +57,4 @@ pub fn expand_placeholders(ids: &[u32], m: &PromptMedia, cfg: &Config) -> Result
         bail!("more media than placeholders in the prompt");
     }
     Ok(out)
-}
-
-/// A video's tokens and its track's `n_audio` tokens in time chunks: each chunk's video tokens,
-/// then its audio tokens.
-fn interleaved(g: &MediaGrid, n_audio: usize, cfg: &Config) -> Vec<u32> {
-    let tm = cfg.tmrope();
-    let merge = cfg.vl.vision.spatial_merge_size;
-    let per_step = (g.thw[1] / merge) * (g.thw[2] / merge);
-    let video: Vec<i64> = video_times(g, &tm).into_iter().flat_map(|t| std::iter::repeat_n(t, per_step)).collect();
-    let audio: Vec<i64> = (0..n_audio as i64).collect();
-    let (vc, ac) = (chunks(&video, tm.per_chunk), chunks(&audio, tm.per_chunk));
-    let mut out = Vec::with_capacity(video.len() + n_audio);
-    for j in 0..vc.len().max(ac.len()) {
-        if let Some(&(a, b)) = vc.get(j) {
-            out.extend(std::iter::repeat_n(cfg.vl.special.video, b - a));
-        }
-        if let Some(&(a, b)) = ac.get(j) {
-            out.extend(std::iter::repeat_n(tm.audio_token, b - a));
-        }
-    }
-    out
 }
