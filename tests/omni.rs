@@ -293,3 +293,29 @@ fn placeholders_expand_as_the_processor_does() {
     }
     assert!(g.contains_key("input_features"));
 }
+
+/// A thinker saved on its own (`qwen2_5_omni_thinker`: the thinker's config at the top level,
+/// tensors without `thinker.`) loads as the same model.
+#[test]
+fn a_thinker_saved_alone_loads_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tensors = HashMap::new();
+    for f in weight_files() {
+        for (name, t) in candle_core::safetensors::load(&f, &candle_core::Device::Cpu).unwrap() {
+            if let Some(n) = name.strip_prefix("thinker.") {
+                tensors.insert(n.to_string(), t);
+            }
+        }
+    }
+    let file = dir.path().join("model.safetensors");
+    candle_core::safetensors::save(&tensors, &file).unwrap();
+    let mut cfg = config()["thinker_config"].clone();
+    cfg["model_type"] = serde_json::json!("qwen2_5_omni_thinker");
+    let model = merg::models::load(&cfg, Weights::safetensors(&[file], DType::F32, &test_device()).unwrap()).unwrap();
+    let (g, _) = golden(FAMILY, "audio");
+    let ids = golden_ids(&g, "input_ids");
+    let (prefill, _) = prepare(&*model, &ids, &g).unwrap();
+    let logits = forward_logits(&*model, &prefill, &mut DenseCache::new(), ids.len()).unwrap();
+    let err = max_rel_err(&logits, &g["logits"].squeeze(0).unwrap());
+    assert!(err <= 1e-4, "thinker alone: logits max rel err {err}");
+}

@@ -25,6 +25,7 @@ const FAMILIES: &[Family] = &[
     Family { model_type: "gemma3", parse: super::gemma3::parse },
     Family { model_type: "llava_next", parse: super::llava_next::parse },
     Family { model_type: "qwen2_5_omni", parse: super::qwen2_5_omni::parse },
+    Family { model_type: "qwen2_5_omni_thinker", parse: super::qwen2_5_omni::parse },
 ];
 
 pub fn supported_model_types() -> Vec<&'static str> {

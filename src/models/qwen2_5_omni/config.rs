@@ -1,5 +1,6 @@
 //! `config.json` of a Qwen2.5-Omni checkpoint (`model_type` `qwen2_5_omni`, the released 3B / 7B
-//! layout), read the way transformers reads it. Only `thinker_config` is read: its
+//! layout, or `qwen2_5_omni_thinker`, a thinker saved on its own), read the way transformers
+//! reads it. Only `thinker_config` is read: its
 //! `text_config` and `vision_config` are a Qwen2.5-VL text model and tower (parsed by
 //! `qwen2_vl::config`), its `audio_config` the Whisper-style encoder; `talker_config` and
 //! `token2wav_config` describe the speech output merg does not run.
@@ -109,11 +110,13 @@ pub struct Config {
 
 impl Config {
     pub fn from_value(root: &Value) -> Result<Self> {
-        match root.get("model_type").and_then(Value::as_str) {
-            Some("qwen2_5_omni") => {}
-            other => bail!("model_type {other:?} is not a Qwen2.5-Omni config (qwen2_5_omni)"),
-        }
-        let thinker = root.get("thinker_config").context("missing \"thinker_config\" (the Qwen2.5-Omni thinker)")?;
+        // The released checkpoints nest the thinker's config; a thinker saved on its own
+        // (transformers' Qwen2_5OmniThinkerForConditionalGeneration) is it.
+        let thinker = match root.get("model_type").and_then(Value::as_str) {
+            Some("qwen2_5_omni") => root.get("thinker_config").context("missing \"thinker_config\" (the Qwen2.5-Omni thinker)")?,
+            Some("qwen2_5_omni_thinker") => root,
+            other => bail!("model_type {other:?} is not a Qwen2.5-Omni config (qwen2_5_omni, qwen2_5_omni_thinker)"),
+        };
         let (text, text_obj) = parse_text(thinker).context("thinker_config")?;
         let vision = root_field(thinker, "vision_config")?;
         let vision = parse_vision(Variant::Qwen25Vl, vision, text.hidden_size).context("thinker_config.vision_config")?;

@@ -41,9 +41,13 @@ impl FamilyConfig for Config {
     }
 
     /// The thinker's tensors (`thinker.model.*`, `thinker.lm_head`, `thinker.visual.*`,
-    /// `thinker.audio_tower.*`); `talker.*` and `token2wav.*` are never asked for.
+    /// `thinker.audio_tower.*`, or the same without `thinker.` for a thinker saved on its own);
+    /// `talker.*` and `token2wav.*` are never asked for.
     fn build(&self, w: Weights) -> Result<VisionLanguageModel> {
-        let t = w.pp("thinker");
+        let t = match w.contains("model.embed_tokens.weight") {
+            true => w.clone(),
+            false => w.pp("thinker"),
+        };
         let model = VisionLanguageModel::assemble(
             self.spec(),
             qwen2_vl::position::params(&self.vl),
