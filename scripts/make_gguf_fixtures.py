@@ -14,6 +14,8 @@ Environment (goldens only; CI never runs this):
 The converter is the one vendored in the llama-cpp-python sdist (the same llama.cpp commit
 as the compiled library): pass the unpacked sdist's vendor/llama.cpp as --llama-cpp.
 Qwen3.5 needs transformers 5 for its tokenizer: --python5 names that interpreter.
+Gemma 3 and LLaVA-NeXT (scripts/gguf_spm_fixtures.py; `--only gemma-llava` makes just those)
+also need sentencepiece and protobuf (the converter reads a tokenizer.model).
 
     python scripts/make_gguf_fixtures.py --llama-cpp /tmp/llsrc/llama_cpp_python-0.3.36/vendor/llama.cpp \
         --python5 /root/golden-venv-5/bin/python
@@ -164,8 +166,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp", required=True, type=Path, help="vendor/llama.cpp of the llama-cpp-python sdist")
     ap.add_argument("--python5", default=sys.executable, help="an interpreter with transformers 5 (Qwen3.5)")
+    ap.add_argument("--only", choices=["all", "gemma-llava"], default="all",
+                    help="gemma-llava: only the SentencePiece families (scripts/gguf_spm_fixtures.py)")
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
+    import gguf_spm_fixtures
+    if a.only == "gemma-llava":
+        gguf_spm_fixtures.make(sys.executable, a.llama_cpp, llama_goldens, gguf_py_hashes)
+        return
     for d, ckpt, pre, needs5 in FAMILIES:
         py = a.python5 if needs5 else sys.executable
         dst = OUT / d
@@ -215,6 +223,7 @@ def main():
         (dst / f"{name}.json").write_text(json.dumps(g))
         print("wrote", name)
     shutil.rmtree(wide_src)
+    gguf_spm_fixtures.make(sys.executable, a.llama_cpp, llama_goldens, gguf_py_hashes)
 
 
 if __name__ == "__main__":

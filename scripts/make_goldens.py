@@ -179,6 +179,37 @@ CASES = {
 }
 
 
+def greedy_with_margins(model, inputs, new_tokens, pad_token_id):
+    """Pure-argmax continuation (no eos stop, no repetition penalty) and each step's top-2 logit margin.
+
+    transformers 4.57 silently replaces default-valued fields of a passed GenerationConfig with the checkpoint's
+    generation_config.json (do_sample=True, eos ids, ...), so the model's own config is swapped for the call."""
+    import torch
+    import transformers
+
+    gc = transformers.GenerationConfig(
+        do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        eos_token_id=None, pad_token_id=pad_token_id, bos_token_id=None,
+        repetition_penalty=1.0, temperature=None, top_p=None, top_k=None,
+        output_logits=True, return_dict_in_generate=True,
+    )
+    saved_gc = model.generation_config
+    model.generation_config = copy.deepcopy(gc)
+    try:
+        with torch.no_grad():
+            gen = model.generate(**inputs, generation_config=gc)
+    finally:
+        model.generation_config = saved_gc
+    greedy = gen.sequences[0, inputs["input_ids"].shape[1]:]
+    assert greedy.shape[0] == new_tokens, greedy.shape
+    margins = []
+    for step, lg in enumerate(gen.logits):
+        top = torch.topk(lg[0].float(), 2)
+        assert int(top.indices[0]) == int(greedy[step]), (step, top, greedy[step])
+        margins.append(float(top.values[0] - top.values[1]))
+    return greedy, margins
+
+
 def load_processor(family):
     import transformers
 
@@ -659,26 +690,7 @@ def run_case(family, case, proc, model):
     assert logits.shape == (1, L, mtc.MODEL_VOCAB), logits.shape
 
     # --- greedy continuation (pure argmax: no eos stop, no repetition penalty)
-    gc = transformers.GenerationConfig(
-        do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-        eos_token_id=None, pad_token_id=mtc.special_ids()["<|endoftext|>"], bos_token_id=None,
-        repetition_penalty=1.0, temperature=None, top_p=None, top_k=None,
-        output_logits=True, return_dict_in_generate=True,
-    )
-    # transformers 4.57 silently replaces default-valued fields of a passed GenerationConfig with the
-    # checkpoint's generation_config.json (do_sample=True, eos ids, ...); swap the model's own config.
-    saved_gc = model.generation_config
-    model.generation_config = copy.deepcopy(gc)
-    with torch.no_grad():
-        gen = model.generate(**inputs, generation_config=gc)
-    model.generation_config = saved_gc
-    greedy = gen.sequences[0, L:]
-    assert greedy.shape[0] == NEW_TOKENS, greedy.shape
-    margins = []
-    for step, lg in enumerate(gen.logits):
-        top = torch.topk(lg[0].float(), 2)
-        assert int(top.indices[0]) == int(greedy[step]), (step, top, greedy[step])
-        margins.append(float(top.values[0] - top.values[1]))
+    greedy, margins = greedy_with_margins(model, inputs, NEW_TOKENS, mtc.special_ids()["<|endoftext|>"])
     min_margin = min(margins)
     # vision placeholder tokens on the greedy path would make the no-cache replay (and engines that
     # recompute mrope positions) diverge; reject such seeds in make_tiny_checkpoints.py.

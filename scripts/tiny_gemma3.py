@@ -26,6 +26,8 @@ import os
 import json
 from pathlib import Path
 
+import make_goldens as mg
+
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "tests" / "fixtures" / "tiny-gemma3"
 GOLD = REPO / "tests" / "fixtures" / "goldens" / "gemma3"
@@ -266,13 +268,9 @@ def make_checkpoint():
 LONG_TEXT = ("Once upon a time, a curious cat explored the old library. The quick brown fox jumps over the lazy dog. "
              "Could you summarize the story in one sentence?")
 CASES = {
-    "text": [
-        {"role": "user", "content": [{"type": "text", "text": "Hello! How are you doing today?"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "I'm fine, thank you. And you?"}]},
-        {"role": "user", "content": [{"type": "text", "text": "Please tell me a short story about a cat."}]},
-    ],
-    "image": [{"role": "user", "content": [{"type": "image", "image": "img_a.png"},
-                                           {"type": "text", "text": "What is in this picture?"}]}],
+    # The Qwen families' conversations (make_goldens.CASES), then a prompt far past the window.
+    "text": mg.CASES["text"],
+    "image": mg.CASES["image"],
     "two_images": [{"role": "user", "content": [{"type": "image", "image": "img_a.png"},
                                                 {"type": "image", "image": "img_b.png"},
                                                 {"type": "text", "text": "What is the difference between these two images?"}]}],
@@ -325,20 +323,7 @@ def run_case(case, proc, model):
     assert L > 2 * WINDOW, L
     with torch.no_grad():
         logits = model(**inputs, use_cache=False).logits.float()
-    gc = transformers.GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                       eos_token_id=None, pad_token_id=0, bos_token_id=None, top_p=None, top_k=None,
-                                       temperature=None, output_logits=True, return_dict_in_generate=True)
-    saved = model.generation_config
-    model.generation_config = copy.deepcopy(gc)
-    with torch.no_grad():
-        gen = model.generate(**inputs, generation_config=gc)
-    model.generation_config = saved
-    greedy = gen.sequences[0, L:]
-    margins = []
-    for step, lg in enumerate(gen.logits):
-        top = torch.topk(lg[0].float(), 2)
-        assert int(top.indices[0]) == int(greedy[step])
-        margins.append(float(top.values[0] - top.values[1]))
+    greedy, margins = mg.greedy_with_margins(model, inputs, NEW_TOKENS, 0)
     assert not {BOI, EOI, IMAGE_TOKEN} & set(greedy.tolist()), greedy.tolist()
     assert int(logits[0, -1].argmax()) == int(greedy[0])
     tensors = {
@@ -393,6 +378,52 @@ def files_to_tokens(proc):
     (GOLD / "files_to_tokens.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+# Pan-and-scan as a preprocessor config asking for it would set it up (small crops for the 48-px tiny tower).
+PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 16, "pan_and_scan_max_num_crops": 4,
+                "pan_and_scan_min_ratio_to_activate": 1.2}
+PAN_AND_SCAN_CASE = [
+    {"role": "user", "content": [{"type": "image", "image": "img_b.png"}, {"type": "text", "text": "And now?"},
+                                 {"type": "image", "image": "img_tall.png"}, {"type": "image", "image": "img_small.png"},
+                                 {"type": "text", "text": "What is in these pictures?"}]},
+]
+
+
+def pan_and_scan(proc, model):
+    """Pan-and-scan crops: transformers 4.57's Gemma3Processor applies them only when called with the image kwargs
+    (its own defaults override the image processor's config), so they are passed explicitly; the Rust side reads them
+    from goldens/gemma3/pan_and_scan_preprocessor_config.json, the checkpoint's config with the four fields set.
+    Saves ids, pixel values (original then crops, per image), num_crops, f32 logits and 32 greedy ids."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = json.loads((OUT / "preprocessor_config.json").read_text())
+    cfg.update(PAN_AND_SCAN)
+    (GOLD / "pan_and_scan_preprocessor_config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    messages = PAN_AND_SCAN_CASE
+    prompt = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    images = [load_image(c["image"]) for m in messages for c in m["content"] if c["type"] == "image"]
+    # The template writes <bos>: tokenized without special tokens, as apply_chat_template does.
+    inputs = proc(text=prompt, images=images, return_tensors="pt", add_special_tokens=False,
+                  images_kwargs=dict(PAN_AND_SCAN))
+    assert inputs["input_ids"][0].tolist().count(2) == 1, "one <bos>"
+    crops = [int(n) for n in proc.image_processor(images=images, return_tensors="pt", **PAN_AND_SCAN)["num_crops"]]
+    assert crops == [2, 4, 0], crops
+    with torch.no_grad():
+        logits = model(**inputs, use_cache=False).logits.float()
+    L = inputs["input_ids"].shape[1]
+    greedy, margins = mg.greedy_with_margins(model, inputs, NEW_TOKENS, 0)
+    save_file({"input_ids": inputs["input_ids"].to(torch.int64).contiguous(),
+               "token_type_ids": inputs["token_type_ids"].to(torch.int64).contiguous(),
+               "pixel_values": inputs["pixel_values"].to(torch.float32).contiguous(),
+               "logits": logits.contiguous(), "greedy_ids": greedy.to(torch.int64).contiguous()},
+              str(GOLD / "pan_and_scan.safetensors"), metadata={"format": "pt"})
+    meta = {"messages": messages, "prompt_text": prompt, "num_crops": crops, "preprocessor": PAN_AND_SCAN,
+            "greedy_ids": greedy.tolist(), "min_margin": min(margins)}
+    (GOLD / "pan_and_scan.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"  gemma3/pan_and_scan: L={L} crops={crops} min_margin={min(margins):.4g}")
+    return min(margins)
+
+
 def load_processor():
     """The tokenizer from tokenizer.json (the file the Rust side reads) and the slow (PIL) image processor, the
     reference the Rust preprocessing matches; AutoProcessor(use_fast=False) would want sentencepiece's slow tokenizer."""
@@ -417,6 +448,7 @@ def make_goldens():
     margins = {case: run_case(case, proc, model) for case in CASES}
     effect = bidirectional_effect(model, proc)
     files_to_tokens(proc)
+    margins["pan_and_scan"] = pan_and_scan(proc, model)
     print(f"gemma3 min margins {margins}; bidirectional image mask moves the logits by {effect:.3g}")
     bad = {k: v for k, v in margins.items() if v < MIN_MARGIN}
     if bad:

@@ -25,6 +25,7 @@ import json
 import os
 from pathlib import Path
 
+import make_goldens as mg
 import make_tiny_checkpoints as mtc
 
 NAME = "llava_next"
@@ -62,15 +63,9 @@ CHAT_TEMPLATE = (
 )
 
 CASES = {
-    "text": [
-        {"role": "user", "content": [{"type": "text", "text": "Hello! How are you doing today?"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "I'm fine, thank you. And you?"}]},
-        {"role": "user", "content": [{"type": "text", "text": "Please tell me a short story about a cat."}]},
-    ],
-    "image": [
-        {"role": "user", "content": [{"type": "image", "image": "img_a.png"},
-                                     {"type": "text", "text": "What is in this picture?"}]},
-    ],
+    # The Qwen families' text and one-image conversations (make_goldens.CASES), then two images of other aspects.
+    "text": mg.CASES["text"],
+    "image": mg.CASES["image"],
     "two_images": [
         {"role": "user", "content": [{"type": "image", "image": "img_b.png"},
                                      {"type": "image", "image": "img_tall.png"},
@@ -304,21 +299,7 @@ def run_case(case, proc, model, load_image):
     logits = out.logits.float()
     assert logits.shape == (1, L, MODEL_VOCAB), logits.shape
 
-    gc = transformers.GenerationConfig(do_sample=False, max_new_tokens=mtc_new_tokens(), min_new_tokens=mtc_new_tokens(),
-                                       eos_token_id=None, pad_token_id=0, bos_token_id=None, repetition_penalty=1.0,
-                                       temperature=None, top_p=None, top_k=None, output_logits=True,
-                                       return_dict_in_generate=True)
-    saved = model.generation_config
-    model.generation_config = copy.deepcopy(gc)
-    with torch.no_grad():
-        gen = model.generate(**inputs, generation_config=gc)
-    model.generation_config = saved
-    greedy = gen.sequences[0, L:]
-    margins = []
-    for step, lg in enumerate(gen.logits):
-        top = torch.topk(lg[0].float(), 2)
-        assert int(top.indices[0]) == int(greedy[step]), step
-        margins.append(float(top.values[0] - top.values[1]))
+    greedy, margins = mg.greedy_with_margins(model, inputs, mtc_new_tokens(), 0)
     assert IMAGE_ID not in greedy.tolist(), f"greedy path holds the image token: {greedy.tolist()}"
     # the full no-cache forward over prompt + continuation picks the same tokens
     ext = dict(inputs)

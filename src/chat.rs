@@ -128,6 +128,9 @@ pub struct ChatTemplate {
     source: String,
     /// Where the template came from, for errors.
     origin: String,
+    /// Special-token strings the template may name (`bos_token`, `eos_token`), as transformers
+    /// passes the tokenizer's special tokens.
+    tokens: Vec<(String, String)>,
 }
 
 const TEMPLATE_NAME: &str = "chat_template";
@@ -164,12 +167,19 @@ impl ChatTemplate {
             env,
             source: source.to_string(),
             origin: "the chat template".into(),
+            tokens: vec![],
         })
     }
 
     /// Names where the template came from in render errors ("the chat template of <dir>").
     pub fn with_origin(mut self, origin: impl Into<String>) -> Self {
         self.origin = origin.into();
+        self
+    }
+
+    /// Sets the special-token strings the template may use (`bos_token` → `<bos>`).
+    pub fn with_tokens(mut self, tokens: Vec<(String, String)>) -> Self {
+        self.tokens = tokens;
         self
     }
 
@@ -213,11 +223,11 @@ impl ChatTemplate {
         // Qwen3.5's template opens a <think> block unless told otherwise: merg's agents answer
         // in constrained JSON, so the reasoning block is switched off (templates that do not
         // know the variable ignore it).
-        let ctx = minijinja::context! {
-            messages => Value::from_serialize(&msgs),
-            add_generation_prompt => add_generation_prompt,
-            enable_thinking => false,
-        };
+        let mut ctx: std::collections::BTreeMap<String, Value> = self.tokens.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect();
+        ctx.insert("messages".into(), Value::from_serialize(&msgs));
+        ctx.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
+        ctx.insert("enable_thinking".into(), Value::from(false));
+        let ctx = Value::from(ctx);
         tmpl.render(ctx).map_err(|e| match e.kind() {
             ErrorKind::OutOfFuel => anyhow!("rendering {} stopped after {TEMPLATE_FUEL} steps: the template runs away (a loop that does not end?)", self.origin),
             _ => anyhow!("rendering {} failed: {}", self.origin, describe(&e)),
@@ -353,6 +363,23 @@ pub fn find_chat_template(dir: &std::path::Path) -> Result<Option<String>> {
         }
     }
     Ok(None)
+}
+
+/// The special-token strings of `tokenizer_config.json` in `dir` a template may name
+/// (`bos_token`, `eos_token`, `pad_token`, `unk_token`; a string or `{"content": ..}`); none
+/// when the file is absent.
+pub fn template_tokens(dir: &std::path::Path) -> Result<Vec<(String, String)>> {
+    let path = dir.join("tokenizer_config.json");
+    if !path.is_file() {
+        return Ok(vec![]);
+    }
+    let text = crate::input::read_string(&path, &crate::input::CONFIG)?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let content = |t: &serde_json::Value| t.as_str().or_else(|| t.get("content").and_then(|c| c.as_str())).map(str::to_string);
+    Ok(["bos_token", "eos_token", "pad_token", "unk_token"]
+        .into_iter()
+        .filter_map(|k| v.get(k).and_then(content).map(|c| (k.to_string(), c)))
+        .collect())
 }
 
 /// The `chat_template` field of a JSON config file (string or list of `{name, template}`).

@@ -34,6 +34,12 @@ impl Processor {
         if let Some(v) = spec.vision.as_ref().filter(|v| v.anyres.is_some()) {
             preprocessor.patch_size = v.patch_size;
         }
+        // So are fixed-size (SigLIP) images; their patches are row-major, one per token before
+        // the model's own pooling.
+        if let Some(v) = spec.vision.as_ref().filter(|_| preprocessor.fixed_size.is_some()) {
+            preprocessor.patch_size = v.patch_size;
+            (preprocessor.merge_size, preprocessor.temporal_patch_size) = (1, 1);
+        }
         Processor { tokenizer, preprocessor, vision: spec.vision.clone() }
     }
 
@@ -63,9 +69,19 @@ impl Processor {
         self.vision.as_ref().context("this model takes no images or videos")
     }
 
+    /// The vision spec, if the model takes this kind of media: fixed-size (SigLIP) towers take
+    /// images only.
+    fn check_media_kind(&self, is_video: bool) -> Result<&VisionSpec> {
+        let v = self.vision()?;
+        if is_video && self.preprocessor.fixed_size.is_some() {
+            bail!("this model takes images but no videos; give its frames as images");
+        }
+        Ok(v)
+    }
+
     /// Preprocesses one media item into patches and its grid.
     pub fn preprocess(&self, m: &Media) -> Result<MediaItem> {
-        self.vision()?;
+        self.check_media_kind(matches!(m, Media::Video { .. }))?;
         let (patches, is_video, secs) = match m {
             Media::Image(img) => (vision::preprocess_image(img, &self.preprocessor)?, false, 0.0),
             Media::Video { frames, fps } => {
@@ -88,8 +104,12 @@ impl Processor {
     /// The grid an item of these (frames, height, width) gets, without touching pixels
     /// (`smart_resize` on the size alone). Videos are padded to whole temporal patches.
     pub fn grid_for(&self, (frames, h, w): (usize, usize, usize), is_video: bool, fps: f64) -> Result<MediaGrid> {
-        let v = self.vision()?;
+        let v = self.check_media_kind(is_video)?;
         let p = &self.preprocessor;
+        if let Some([fh, fw]) = p.fixed_size {
+            let crops = p.pan_and_scan.as_ref().map_or(0, |ps| ps.crops([h, w]).len());
+            return Ok(MediaGrid { size: [h, w], ..MediaGrid::image([1 + crops, fh / p.patch_size, fw / p.patch_size]) });
+        }
         if let (Some(a), false) = (&p.anyres, is_video) {
             let side = a.tile / v.patch_size.max(1);
             return Ok(MediaGrid { thw: [a.tiles([h, w]), side, side], size: [h, w], ..MediaGrid::image([1, 1, 1]) });
@@ -143,6 +163,11 @@ impl Processor {
 
 /// How the prompt spells one media item.
 fn placeholder(v: &VisionSpec, g: &MediaGrid) -> Placeholder {
+    // A fixed-size image with pan-and-scan crops: the whole image, then each crop.
+    if v.image_side.is_some() && !g.is_video && g.thw[0] > 1 {
+        let per_image = v.tokens(&MediaGrid { thw: [1, g.thw[1], g.thw[2]], ..g.clone() });
+        return Placeholder::Crops { per_image, crops: g.thw[0] - 1 };
+    }
     if g.is_video && v.video_timestamps {
         let per_step = v.tokens(&MediaGrid { thw: [1, g.thw[1], g.thw[2]], ..g.clone() });
         Placeholder::Steps { per_step, seconds: g.step_seconds(v.temporal_patch_size), keep_outer: v.video_outer_markers }

@@ -26,10 +26,11 @@ pub enum TokenizerJson {
     Text { origin: String, text: std::sync::Arc<str> },
 }
 
-/// Ids of the control tokens a chat needs, in either vocabulary convention merg reads: Qwen's
+/// Ids of the control tokens a chat needs, in each vocabulary convention merg reads: Qwen's
 /// (`<|im_start|>`, `<|im_end|>`, `<|endoftext|>`, `<|image_pad|>`, `<|video_pad|>`, the vision
-/// markers) or LLaMA's as LLaVA ships it (`</s>` ends turn and text, `<image>`, and no turn
-/// start, video or marker tokens: those are `NONE`).
+/// markers), Gemma's (`<start_of_turn>`, `<end_of_turn>`, `<eos>`, `<image_soft_token>` between
+/// `<start_of_image>` and `<end_of_image>`; no video) or LLaMA's as LLaVA ships it (`</s>` ends
+/// turn and text, `<image>`, and no turn start, video or marker tokens: those are `NONE`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpecialTokens {
     /// Ends the text (`<|endoftext|>`, `</s>`).
@@ -65,12 +66,20 @@ impl SpecialTokens {
                 vision_pad: need("<|vision_pad|>")?,
             });
         }
+        // Gemma 3: turns are `<start_of_turn>`/`<end_of_turn>`, and an image is the soft token
+        // between its begin/end markers (the template emits only the begin marker).
+        if let (Some(start), Some(end), Some(eos), Some(boi), Some(eoi), Some(image_pad)) =
+            (id("<start_of_turn>"), id("<end_of_turn>"), id("<eos>"), id("<start_of_image>"), id("<end_of_image>"), id("<image_soft_token>"))
+        {
+            let none = Self::NONE;
+            return Ok(SpecialTokens { endoftext: eos, im_start: start, im_end: end, vision_start: boi, vision_end: eoi, image_pad, video_pad: none, vision_pad: none });
+        }
         match (id("</s>"), id("<image>")) {
             (Some(eos), Some(image_pad)) => {
                 let none = Self::NONE;
                 Ok(SpecialTokens { endoftext: eos, im_start: none, im_end: eos, vision_start: none, vision_end: none, image_pad, video_pad: none, vision_pad: none })
             }
-            _ => Err("the media tokens of either convention (Qwen's <|image_pad|> and <|im_end|>, or LLaVA's <image> and </s>)".into()),
+            _ => Err("the media tokens of a known convention (Qwen's <|image_pad|> and <|im_end|>, Gemma's <start_of_image> and <image_soft_token>, or LLaVA's <image> and </s>)".into()),
         }
     }
 
@@ -88,13 +97,19 @@ pub struct ChatTokenizer {
     /// it. This is `plain` without the mark, for those segments; `None` where they are alike.
     plain_inner: Option<Tokenizer>,
     /// What the post-processor puts around a prompt (LLaMA's `<s>`), as the HF processor
-    /// tokenizes with special tokens added.
+    /// tokenizes with special tokens added (unless the rendered prompt already starts with it).
     affixes: (Vec<u32>, Vec<u32>),
+    /// Templates that emit only an image's begin marker (Gemma 3's `<start_of_image>`): the
+    /// marker and the text the processor puts in its place (`full_image_sequence`: blank
+    /// lines around the marker, the image pad and the end marker).
+    image_sequence: Option<(String, String)>,
     /// (content, id) of every added token, longest first so matching prefers the longest.
     added: Vec<(String, u32)>,
     added_ids: HashSet<u32>,
     special: SpecialTokens,
     template: Option<ChatTemplate>,
+    /// The special-token strings the template may name, kept for a replaced template.
+    template_tokens: Vec<(String, String)>,
     /// Bytes of the longest vocabulary entry (as stored: ≥ the bytes it stands for), so a
     /// text of n bytes is at least n / max_token_bytes tokens.
     max_token_bytes: usize,
@@ -110,10 +125,12 @@ impl std::fmt::Debug for ChatTokenizer {
     }
 }
 
-/// Piece of a rendered prompt: template bytes or the k-th text part of the conversation.
+/// Piece of a rendered prompt: template bytes, the k-th text part of the conversation, or
+/// that part as the template wrote it (verbatim or trimmed) once fitted.
 enum Piece<'a> {
     Template(Cow<'a, str>),
     Data(usize),
+    Text(&'a str),
 }
 
 /// How one image/video placeholder of the rendered template becomes tokens.
@@ -126,6 +143,10 @@ pub enum Placeholder {
     /// `<|vision_start|><|video_pad|><|vision_end|>` (transformers 4.57's Qwen3VLProcessor), or
     /// of the pad alone, inside the template's markers, with `keep_outer` (transformers 5).
     Steps { per_step: usize, seconds: Vec<f64>, keep_outer: bool },
+    /// A Gemma 3 image with pan-and-scan crops: the whole image then each crop, `per_image`
+    /// pads each, in the processor's words ("Here is the original image … and here are some
+    /// crops to help you see better …").
+    Crops { per_image: usize, crops: usize },
 }
 
 impl ChatTokenizer {
@@ -145,10 +166,23 @@ impl ChatTokenizer {
         Self::from_files(&tok, template)
     }
 
+    /// Gives the chat template the special-token strings it may name (`bos_token`: Gemma's
+    /// template writes `<bos>` itself), as transformers does from the tokenizer config.
+    pub fn set_template_tokens(&mut self, tokens: Vec<(String, String)>) {
+        if let Some(t) = self.template.take() {
+            self.template = Some(t.with_tokens(tokens.clone()));
+        }
+        self.template_tokens = tokens;
+    }
+
     /// Loads a tokenizer.json and compiles `chat_template` when given.
     pub fn from_files(tokenizer_json: &Path, chat_template: Option<String>) -> Result<Self> {
         let text = crate::input::read_string(tokenizer_json, &crate::input::TOKENIZER)?;
-        Self::from_json(&text, &tokenizer_json.display().to_string(), chat_template)
+        let mut tok = Self::from_json(&text, &tokenizer_json.display().to_string(), chat_template)?;
+        if let Some(dir) = tokenizer_json.parent() {
+            tok.set_template_tokens(crate::chat::template_tokens(dir)?);
+        }
+        Ok(tok)
     }
 
     /// A tokenizer.json's text; `origin` names it in errors (a path, or the GGUF file it was
@@ -182,6 +216,7 @@ impl ChatTokenizer {
         let special = SpecialTokens::lookup(|name| full.token_to_id(name))
             .map_err(|missing| anyhow!("{origin}: {missing} is not in the vocabulary"))?;
         let plain_inner = without_first_mark(&plain);
+        let image_sequence = image_sequence(&full, &special);
         let affixes = affixes(&full).map_err(|e| anyhow!("{origin}: {e}"))?;
         let template = match chat_template {
             Some(src) => Some(
@@ -197,10 +232,12 @@ impl ChatTokenizer {
             plain,
             plain_inner,
             affixes,
+            image_sequence,
             added,
             added_ids,
             special,
             template,
+            template_tokens: vec![],
             max_token_bytes,
         })
     }
@@ -213,7 +250,7 @@ impl ChatTokenizer {
 
     /// Replaces (or sets) the chat template.
     pub fn set_chat_template(&mut self, source: &str) -> Result<()> {
-        self.template = Some(ChatTemplate::new(source)?);
+        self.template = Some(ChatTemplate::new(source)?.with_tokens(self.template_tokens.clone()));
         Ok(())
     }
 
@@ -284,23 +321,11 @@ impl ChatTokenizer {
         })?;
         let pieces = split_sentinels(&rendered, mark, texts.len())?;
 
-        // The sentinel render is only trustworthy if the template copies text verbatim
-        // (no .strip(), slicing, escaping): check against a render with the real text.
+        // The sentinel render is only trustworthy if the template copies text verbatim, or
+        // trims it (Gemma's `| trim`): each text part is fitted against a render with the real
+        // text, and anything else (slicing, escaping) is refused.
         let real = template.render(messages, add_generation_prompt)?;
-        let mut rebuilt = String::with_capacity(real.len());
-        for p in &pieces {
-            match p {
-                Piece::Template(s) => rebuilt.push_str(s),
-                Piece::Data(k) => rebuilt.push_str(texts[*k]),
-            }
-        }
-        if rebuilt != real {
-            bail!(
-                "the chat template transforms message text instead of copying it; cannot tell data \
-                 from template, refusing to tokenize (template must insert each text part verbatim)"
-            );
-        }
-
+        let pieces = fit_texts(pieces, &texts, &real)?;
         let pads = self.count_pads(&pieces);
         if pads.0 + pads.1 != media.len() {
             bail!(
@@ -314,23 +339,34 @@ impl ChatTokenizer {
         let empty = |p: &Placeholder| match p {
             Placeholder::Run(n) => *n == 0,
             Placeholder::Steps { per_step, seconds, .. } => *per_step == 0 || seconds.is_empty(),
+            Placeholder::Crops { per_image, .. } => *per_image == 0,
         };
         if let Some(k) = media.iter().position(empty) {
             bail!("media item {k} has no tokens; every image/video needs at least one");
         }
-        let (pieces, media_tokens) = self.expand_steps(pieces, media)?;
+        let (pieces, media_tokens) = match self.image_sequence.is_some() {
+            true => self.expand_image_markers(pieces, media)?,
+            false => self.expand_steps(pieces, media)?,
+        };
 
-        let mut ids = self.affixes.0.clone();
+        // HF's processors tokenize without special tokens when the rendered prompt already
+        // starts with the tokenizer's own opening (Gemma's template writes `<bos>` itself).
+        let opening = self.affixes.0.iter().map(|&id| self.content_of(id)).collect::<Result<String>>().unwrap_or_default();
+        let mut ids = match !opening.is_empty() && real.starts_with(&opening) {
+            true => vec![],
+            false => self.affixes.0.clone(),
+        };
         ids.reserve(real.len() / 3 + media_tokens.iter().sum::<usize>());
         let mut buf = String::new(); // plain text since the last template special token
         let mut at_start = true; // nothing of the prompt tokenized yet
         let mut media = media_tokens.iter();
         for p in &pieces {
             let s = match p {
-                Piece::Data(k) => {
-                    buf.push_str(texts[*k]);
+                Piece::Text(t) => {
+                    buf.push_str(t);
                     continue;
                 }
+                Piece::Data(_) => bail!("a text part was left unfitted"),
                 Piece::Template(s) => s.as_ref(),
             };
             let mut rest = s;
@@ -451,6 +487,7 @@ impl ChatTokenizer {
                         counts.push(*n);
                         text.push_str(content);
                     }
+                    Placeholder::Crops { .. } => bail!("image crops need a vocabulary with an image marker (Gemma's)"),
                     Placeholder::Steps { per_step, seconds, keep_outer } => {
                         if id != self.special.video_pad {
                             bail!("an image placeholder cannot take a video's time steps");
@@ -481,14 +518,53 @@ impl ChatTokenizer {
         self.added.iter().find(|(_, i)| *i == id).map(|(c, _)| c.as_str()).with_context(|| format!("token id {id} is not an added token"))
     }
 
+    /// Puts the processor's image sequence in place of each image marker the template wrote
+    /// (template bytes only: a marker typed in dialogue text stays text), the k-th marker
+    /// standing for media item k; returns the pad count of every pad run, in order.
+    fn expand_image_markers<'a>(&self, pieces: Vec<Piece<'a>>, media: &[Placeholder]) -> Result<(Vec<Piece<'a>>, Vec<usize>)> {
+        let Some((marker, sequence)) = &self.image_sequence else { bail!("this vocabulary has no image marker to expand") };
+        let (mut counts, mut items) = (Vec::with_capacity(media.len()), media.iter());
+        let mut out = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let Piece::Template(s) = p else {
+                out.push(p);
+                continue;
+            };
+            let mut parts = s.split(marker.as_str());
+            let mut text = parts.next().unwrap_or_default().to_string();
+            for rest in parts {
+                match items.next().context("media placeholder count changed while encoding")? {
+                    Placeholder::Run(n) => {
+                        text.push_str(sequence);
+                        counts.push(*n);
+                    }
+                    Placeholder::Crops { per_image, crops } => {
+                        text.push_str(&format!("Here is the original image {sequence} and here are some crops to help you see better "));
+                        text.push_str(&vec![sequence.as_str(); *crops].join(" "));
+                        counts.extend(std::iter::repeat_n(*per_image, 1 + crops));
+                    }
+                    Placeholder::Steps { .. } => bail!("an image placeholder cannot take a video's time steps"),
+                }
+                text.push_str(rest);
+            }
+            out.push(Piece::Template(Cow::Owned(text)));
+        }
+        Ok((out, counts))
+    }
+
     /// (image, video) placeholders in the template pieces.
     fn count_pads(&self, pieces: &[Piece]) -> (usize, usize) {
         let (mut img, mut vid) = (0, 0);
         for p in pieces {
             if let Piece::Template(s) = p {
                 let mut rest = s.as_ref();
+                // Templates that write only the image's begin marker: one marker per image.
+                let image = match self.image_sequence.is_some() {
+                    true => self.special.vision_start,
+                    false => self.special.image_pad,
+                };
                 while let Some((at, content, id)) = self.find_added(rest) {
-                    img += (id == self.special.image_pad) as usize;
+                    img += (id == image) as usize;
                     vid += (id == self.special.video_pad) as usize;
                     rest = &rest[at + content.len()..];
                 }
@@ -496,6 +572,65 @@ impl ChatTokenizer {
         }
         (img, vid)
     }
+}
+
+/// Gemma 3's image sequence (`Gemma3Processor.full_image_sequence`, its pad repeated later),
+/// for vocabularies of that convention.
+fn image_sequence(full: &Tokenizer, special: &SpecialTokens) -> Option<(String, String)> {
+    let name = |id: u32| full.id_to_token(id);
+    if special.video_pad != SpecialTokens::NONE || special.vision_start == SpecialTokens::NONE || name(special.im_start)? != "<start_of_turn>" {
+        return None;
+    }
+    let (boi, eoi, pad) = (name(special.vision_start)?, name(special.vision_end)?, name(special.image_pad)?);
+    let sequence = format!("\n\n{boi}{pad}{eoi}\n\n");
+    Some((boi, sequence))
+}
+
+/// Resolves every text part to what the template wrote: the text itself or, for templates
+/// that `trim` it, the trimmed text, by matching the pieces against the real render in order.
+/// Where both fit, the one after which the next template bytes also match is taken; the
+/// whole rebuild must then equal the render, or the template is refused.
+fn fit_texts<'a>(pieces: Vec<Piece<'a>>, texts: &[&'a str], real: &str) -> Result<Vec<Piece<'a>>> {
+    let refuse = || anyhow!("the chat template transforms message text instead of copying it; cannot tell data from template, refusing to tokenize (template must insert each text part verbatim or trimmed)");
+    let mut at = 0;
+    let mut out = Vec::with_capacity(pieces.len());
+    let mut it = pieces.into_iter().peekable();
+    while let Some(p) = it.next() {
+        let rest = &real[at..];
+        let chosen = match &p {
+            Piece::Data(k) => {
+                let next = match it.peek() {
+                    Some(Piece::Template(t)) => t.as_ref(),
+                    _ => "",
+                };
+                let fits = |c: &str| rest.starts_with(c) && rest[c.len()..].starts_with(next);
+                let (full, trimmed) = (texts[*k], texts[*k].trim());
+                Some(match (fits(full), fits(trimmed), rest.starts_with(full)) {
+                    (true, _, _) | (false, false, true) => full,
+                    _ => trimmed,
+                })
+            }
+            _ => None,
+        };
+        let written = match (&p, chosen) {
+            (_, Some(t)) => t,
+            (Piece::Text(t), None) => *t,
+            (Piece::Template(t), None) => t.as_ref(),
+            (Piece::Data(_), None) => "",
+        };
+        if !rest.starts_with(written) {
+            return Err(refuse());
+        }
+        at += written.len();
+        out.push(match chosen {
+            Some(t) => Piece::Text(t),
+            None => p,
+        });
+    }
+    if at != real.len() {
+        return Err(refuse());
+    }
+    Ok(out)
 }
 
 /// `plain` with a "first"-scheme Metaspace pre-tokenizer set to mark no word start, or `None`

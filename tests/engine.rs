@@ -89,29 +89,37 @@ fn prefix_cache_on_and_off_give_identical_greedy_tokens() {
     assert!(s.vision_hits > 50);
 }
 
-/// LLaVA-NeXT through the paged engine: the prefix cache changes no token, images of three
-/// aspect ratios (three tile grids) are encoded once each, and a request's tokens equal the
-/// dense single-sequence reference run on the processor's own inputs.
+/// LLaVA-NeXT and Gemma 3 through the paged engine: the prefix cache changes no token, images
+/// of three aspect ratios (three LLaVA tile grids; one square for Gemma) are encoded once each,
+/// and a request's tokens equal the dense single-sequence reference run on the processor's own
+/// inputs. Every Gemma request is longer than its 8-token sliding window, and its image tokens
+/// attend to each other both ways, in the cache's blocks as in the reference.
 #[test]
-fn llava_next_engine_cache_on_equals_off_and_the_dense_reference() {
-    let n = 24;
-    let mut on = engine("llava_next", 256, true);
-    let mut off = engine("llava_next", 256, false);
-    let a = on.run_all((0..n).map(|i| mixed_request(i, 6)).collect());
-    let b = off.run_all((0..n).map(|i| mixed_request(i, 6)).collect());
-    assert_eq!(tokens(&a), tokens(&b), "cache on = off");
-    let s = on.stats();
-    println!("llava_next prefix cache: {:?}", s.prefix);
-    assert!(s.prefix.cached_tokens > 0, "the cache served something: {:?}", s.prefix);
-    assert_eq!(s.vision_misses, 3);
+fn llava_next_and_gemma3_engines_cache_on_equals_off_and_the_dense_reference() {
+    for family in ["llava_next", "gemma3"] {
+        let n = 24;
+        let mut on = engine(family, 256, true);
+        let mut off = engine(family, 256, false);
+        let a = on.run_all((0..n).map(|i| mixed_request(i, 6)).collect());
+        let b = off.run_all((0..n).map(|i| mixed_request(i, 6)).collect());
+        assert_eq!(tokens(&a), tokens(&b), "{family}: cache on = off");
+        let s = on.stats();
+        println!("{family} prefix cache: {:?}", s.prefix);
+        assert!(s.prefix.cached_tokens > 0, "{family}: the cache served something: {:?}", s.prefix);
+        assert_eq!(s.vision_misses, 3, "{family}");
 
-    let rt = runtime("llava_next");
-    let req = mixed_request(1, 6);
-    let item = rt.processor.preprocess(&req.media[0]).unwrap();
-    let ids = rt.processor.encode_prompt(&req.messages, std::slice::from_ref(&item.grid)).unwrap();
-    let vis = merg::generate::VisionInput { image_patches: Some(item.patches.to_tensor(&Device::Cpu).unwrap()), video_patches: None, media: vec![item.grid] };
-    let dense = merg::generate::generate(&*rt.model, &ids, &vis, &greedy(6), None).unwrap();
-    assert_eq!(tokens(&a)[1], dense.tokens, "engine = dense reference");
+        let rt = runtime(family);
+        for i in [0, 1, 2] {
+            let req = mixed_request(i, 6);
+            let items: Vec<_> = req.media.iter().map(|m| rt.processor.preprocess(m).unwrap()).collect();
+            let grids: Vec<_> = items.iter().map(|it| it.grid.clone()).collect();
+            let ids = rt.processor.encode_prompt(&req.messages, &grids).unwrap();
+            let patches = items.first().map(|it| it.patches.to_tensor(&Device::Cpu).unwrap());
+            let vis = merg::generate::VisionInput { image_patches: patches, video_patches: None, media: grids };
+            let dense = merg::generate::generate(&*rt.model, &ids, &vis, &greedy(6), None).unwrap();
+            assert_eq!(tokens(&a)[i], dense.tokens, "{family}: request {i}: engine = dense reference");
+        }
+    }
 }
 
 /// What a GPU run does: bf16 weights, K/V and activations through the paged engine. The prefix

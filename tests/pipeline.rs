@@ -334,7 +334,7 @@ fn unusable_outputs_fall_back_and_are_noted() {
     let e = Pipeline { model: &m, prompts: &prompts, memory: None, cfg: &cfg }
         .respond(&dialogue(), vec![], FrameReport::default())
         .unwrap_err();
-    assert!(format!("{e:#}").contains("SGRG produced no complete reply"), "{e:#}");
+    assert!(format!("{e:#}").contains("SGRG produced no complete reply: its output stopped at the token limit before the JSON closed"), "{e:#}");
     assert_eq!(m.calls().iter().filter(|(a, _)| a == "sgrg").count(), 2);
 }
 

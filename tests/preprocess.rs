@@ -136,8 +136,13 @@ fn config_defaults_and_size_forms() {
     std::fs::write(&p, "{not json").unwrap();
     let e = format!("{:#}", PreprocessorConfig::from_file(&p).unwrap_err());
     assert!(e.contains("preprocessor_config.json"), "{e}");
+    // Bilinear (Gemma 3's SigLIP processor) and bicubic are reproduced; nearest, box and
+    // Lanczos are refused by name.
     std::fs::write(&p, r#"{"resample": 2}"#).unwrap();
-    assert!(PreprocessorConfig::from_file(&p).is_err(), "non-bicubic must be rejected");
+    assert_eq!(PreprocessorConfig::from_file(&p).unwrap().resample, 2);
+    std::fs::write(&p, r#"{"resample": 1}"#).unwrap();
+    let e = format!("{:#}", PreprocessorConfig::from_file(&p).unwrap_err());
+    assert!(e.contains("resample=1 unsupported"), "{e}");
     let missing = dir.path().join("nope.json");
     let e = format!("{:#}", PreprocessorConfig::from_file(&missing).unwrap_err());
     assert!(e.contains("nope.json"), "{e}");

@@ -229,11 +229,12 @@ fn recording_keyframes_stop_before_the_answered_turn() {
 }
 
 /// `merg respond` on the example dialogue (four keyframes) with the tiny Qwen3-VL,
-/// Qwen3-VL-MoE and Qwen3.5 checkpoints: every agent's output parses, and later agents reuse
-/// the prefix (Qwen3.5: K/V blocks plus the recurrent-state snapshot after the keyframes).
+/// Qwen3-VL-MoE, Qwen3.5, LLaVA-NeXT and Gemma 3 checkpoints: every agent's output parses, and
+/// later agents reuse the prefix (Qwen3.5: K/V blocks plus the recurrent-state snapshot after
+/// the keyframes; Gemma 3: its system text folded into the first user turn by its template).
 #[test]
-fn merg_respond_runs_on_qwen3_vl() {
-    for family in ["qwen3_vl", "qwen3_vl_moe", "qwen3_5"] {
+fn merg_respond_runs_on_every_family() {
+    for family in ["qwen3_vl", "qwen3_vl_moe", "qwen3_5", "llava_next", "gemma3"] {
         let dir = tempfile::tempdir().unwrap();
         let trace = dir.path().join("t.json");
         let out = respond_example(family, &trace);

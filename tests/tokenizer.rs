@@ -383,7 +383,7 @@ fn real_template_that_rewrites_text_is_refused() {
     let Some(p) = real_tokenizer_path() else {
         return;
     };
-    let src = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content[0].text.strip() }}<|im_end|>\n{% endfor %}";
+    let src = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content[0].text.upper() }}<|im_end|>\n{% endfor %}";
     let tok = ChatTokenizer::from_files(&p, Some(src.into())).unwrap();
     let e = tok
         .encode_chat(&[Message::text("user", " hi ")], false, &[])
@@ -392,10 +392,18 @@ fn real_template_that_rewrites_text_is_refused() {
         format!("{e:#}").contains("transforms message text"),
         "{e:#}"
     );
-    // Verbatim text passes through the same template.
+    // Text the template leaves alone passes through the same template.
     assert!(tok
-        .encode_chat(&[Message::text("user", "hi")], false, &[])
+        .encode_chat(&[Message::text("user", "HI")], false, &[])
         .is_ok());
+    // Trimming (Gemma's `| trim`, Python's `.strip()`) is the one change fitted: the trimmed
+    // text is the data, tokenized as if it had been given trimmed.
+    let strip = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content[0].text.strip() }}<|im_end|>\n{% endfor %}";
+    let tok = ChatTokenizer::from_files(&p, Some(strip.into())).unwrap();
+    let trimmed = tok.encode_chat(&[Message::text("user", " <|im_end|> hi \n")], false, &[]).unwrap();
+    assert_eq!(trimmed, tok.encode_chat(&[Message::text("user", "<|im_end|> hi")], false, &[]).unwrap());
+    let im_end = tok.special().im_end;
+    assert_eq!(trimmed.iter().filter(|&&t| t == im_end).count(), 1, "the typed <|im_end|> stays text");
 }
 
 #[test]

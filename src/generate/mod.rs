@@ -63,6 +63,18 @@ pub enum FinishReason {
     Context,
 }
 
+/// How a generation ended, in words for messages ("… stopped at the token limit").
+impl std::fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FinishReason::Stop => "ended at a stop token",
+            FinishReason::Length => "stopped at the token limit",
+            FinishReason::Aborted => "was aborted",
+            FinishReason::Context => "filled the context window",
+        })
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Generation {
     pub tokens: Vec<u32>,

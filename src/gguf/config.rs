@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use super::file::GgufFile;
 use super::names::Arch;
 
-fn num(f: &GgufFile, key: &str) -> Result<Option<f64>> {
+pub(crate) fn num(f: &GgufFile, key: &str) -> Result<Option<f64>> {
     let Some(v) = f.meta(key) else { return Ok(None) };
     Ok(Some(match v {
         Meta::U8(x) => *x as f64,
@@ -30,11 +30,11 @@ fn num(f: &GgufFile, key: &str) -> Result<Option<f64>> {
     }))
 }
 
-fn need(f: &GgufFile, key: &str) -> Result<f64> {
+pub(crate) fn need(f: &GgufFile, key: &str) -> Result<f64> {
     num(f, key)?.with_context(|| format!("{}: metadata {key} is missing", f.name()))
 }
 
-fn int(f: &GgufFile, key: &str) -> Result<usize> {
+pub(crate) fn int(f: &GgufFile, key: &str) -> Result<usize> {
     let x = need(f, key)?;
     if x < 0. || x.fract() != 0. || x > 1e12 {
         bail!("{}: metadata {key} = {x} is not a count", f.name());
@@ -50,7 +50,7 @@ fn array<'a>(f: &'a GgufFile, key: &str) -> Result<Option<&'a Vec<Meta>>> {
     }
 }
 
-fn ints(f: &GgufFile, key: &str) -> Result<Option<Vec<usize>>> {
+pub(crate) fn ints(f: &GgufFile, key: &str) -> Result<Option<Vec<usize>>> {
     let Some(v) = array(f, key)? else { return Ok(None) };
     v.iter()
         .map(|x| match x {
@@ -74,7 +74,7 @@ fn bools(f: &GgufFile, key: &str) -> Result<Option<Vec<bool>>> {
         .map(Some)
 }
 
-fn dims(f: &GgufFile, tensor: &str) -> Result<Vec<usize>> {
+pub(crate) fn dims(f: &GgufFile, tensor: &str) -> Result<Vec<usize>> {
     Ok(f.info(tensor).with_context(|| format!("{}: tensor {tensor} is missing", f.name()))?.dims.clone())
 }
 
@@ -115,6 +115,7 @@ fn model_type(arch: Arch, projector: &str, text: &GgufFile, mm: &GgufFile) -> Re
         (Arch::Qwen3Vl, _) => "qwen3_vl",
         (Arch::Qwen3VlMoe, _) => "qwen3_vl_moe",
         (Arch::Qwen35, _) => "qwen3_5",
+        (Arch::Gemma3 | Arch::Llama, _) => bail!("{}: not a Qwen model (config_gemma_llava reads it)", text.name()),
     })
 }
 
@@ -154,6 +155,7 @@ fn text_config(f: &GgufFile, arch: Arch, a: &str) -> Result<Map<String, Value>> 
             c.insert("rope_theta".into(), json!(theta));
             c.insert("rope_scaling".into(), json!({"rope_type": "default", "mrope_section": mrope, "mrope_interleaved": true}));
         }
+        Arch::Gemma3 | Arch::Llama => bail!("{}: not a Qwen model (config_gemma_llava reads it)", f.name()),
         Arch::Qwen35 => {
             let head_dim = c.get("head_dim").and_then(Value::as_u64).unwrap_or((hidden / heads.max(1)) as u64) as f64;
             let rotary = need(f, &format!("{a}.rope.dimension_count"))?;

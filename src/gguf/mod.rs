@@ -1,10 +1,12 @@
 //! Checkpoints in llama.cpp's GGUF files: a text model (`qwen2vl`, `qwen3vl`, `qwen3vlmoe`,
-//! `qwen35`) plus its vision projector (`mmproj-*.gguf`). The config comes from their metadata,
+//! `qwen35`, `gemma3`, and `llama` as LLaVA-NeXT's decoder) plus its vision projector
+//! (`mmproj-*.gguf`). The config comes from their metadata,
 //! the tokenizer and chat template from the metadata unless the HF tokenizer.json sits beside
 //! them, and the weights through `GgufWeights`, which keeps block-quantized linear weights in
 //! their blocks. See `names` for the tensor mapping.
 
 pub mod config;
+pub mod config_gemma_llava;
 pub mod file;
 pub mod format;
 pub mod hub;
@@ -12,6 +14,7 @@ pub mod names;
 pub mod ollama;
 pub mod source;
 pub mod tokenizer;
+mod tokenizer_spm;
 
 use std::path::{Path, PathBuf};
 
@@ -283,14 +286,19 @@ pub fn open(paths: &GgufPaths) -> Result<Opened> {
         Some(t) if beside.is_file() => Some(t),
         _ => tokenizer::chat_template(&text),
     };
-    let ids = config::TokenIds {
-        image: tokenizer::token_id(&text, "<|image_pad|>")?,
-        video: tokenizer::token_id(&text, "<|video_pad|>")?,
-        vision_start: tokenizer::token_id(&text, "<|vision_start|>")?,
-        vision_end: tokenizer::token_id(&text, "<|vision_end|>")?,
-        eos: text.meta("tokenizer.ggml.eos_token_id").and_then(|v| v.to_u32().ok()),
+    let config = match arch {
+        names::Arch::Gemma3 | names::Arch::Llama => config_gemma_llava::config(&text, &mm, arch)?,
+        _ => {
+            let ids = config::TokenIds {
+                image: tokenizer::token_id(&text, "<|image_pad|>")?,
+                video: tokenizer::token_id(&text, "<|video_pad|>")?,
+                vision_start: tokenizer::token_id(&text, "<|vision_start|>")?,
+                vision_end: tokenizer::token_id(&text, "<|vision_end|>")?,
+                eos: text.meta("tokenizer.ggml.eos_token_id").and_then(|v| v.to_u32().ok()),
+            };
+            config::config(&text, &mm, arch, &ids)?
+        }
     };
-    let config = config::config(&text, &mm, arch, &ids)?;
     let heads = linear_heads(&config);
     let deepstack = config["vision_config"]["deepstack_visual_indexes"]
         .as_array()
@@ -311,11 +319,16 @@ pub fn open(paths: &GgufPaths) -> Result<Opened> {
 fn linear_heads(config: &Value) -> names::Heads {
     let t = config.get("text_config").unwrap_or(config);
     let n = |k: &str| t.get(k).and_then(Value::as_u64).unwrap_or(0) as usize;
+    let head_dim = match n("head_dim") {
+        0 => n("hidden_size").checked_div(n("num_attention_heads")).unwrap_or(0),
+        d => d,
+    };
     names::Heads {
         key_heads: n("linear_num_key_heads"),
         value_heads: n("linear_num_value_heads"),
         key_dim: n("linear_key_head_dim"),
         value_dim: n("linear_value_head_dim"),
+        head_dim,
     }
 }
 

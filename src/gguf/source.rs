@@ -10,7 +10,7 @@ use candle_core::quantized::{ggml_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor, D};
 
 use super::file::GgufFile;
-use super::names::{self, Arch, Heads, Layout, Located, Part, Untile, Value};
+use super::names::{self, Arch, Heads, Layout, Located, Part, Permute, Value};
 use crate::weights::{Expect, Mapped, WeightSource};
 
 pub struct GgufWeights {
@@ -20,6 +20,9 @@ pub struct GgufWeights {
     heads: Heads,
     /// The tower layers the DeepStack mergers read, in merger order.
     deepstack: Vec<usize>,
+    /// The projector's tower names `mlp.fc1` `ffn_down` and `mlp.fc2` `ffn_up` (the legacy
+    /// LLaVA converter's naming; see `swapped_ffn`).
+    swap_ffn: bool,
 }
 
 fn is_float(t: GgmlDType) -> bool {
@@ -28,7 +31,8 @@ fn is_float(t: GgmlDType) -> bool {
 
 impl GgufWeights {
     pub fn new(text: GgufFile, vision: Option<GgufFile>, arch: Arch, heads: Heads, deepstack: Vec<usize>) -> Self {
-        GgufWeights { text, vision, arch, heads, deepstack }
+        let swap_ffn = vision.as_ref().is_some_and(swapped_ffn);
+        GgufWeights { text, vision, arch, heads, deepstack, swap_ffn }
     }
 
     /// What loading the weights takes (`gguf::load_cost`).
@@ -47,6 +51,12 @@ impl GgufWeights {
     fn find(&self, name: &str) -> Option<(Located, Vec<String>)> {
         let mut loc = names::locate(name, self.arch, self.heads, self.text.info("output.weight").is_some())?;
         let file = self.file(loc.part)?;
+        if let Layout::Same(s) = &loc.layout {
+            if self.swap_ffn && loc.part == Part::Vision {
+                let swapped = s.replace(".ffn_up.", ".ffn_X.").replace(".ffn_down.", ".ffn_up.").replace(".ffn_X.", ".ffn_down.");
+                loc.layout = Layout::Same(swapped);
+            }
+        }
         if let Layout::Same(s) = &loc.layout {
             if let Some(rest) = s.strip_prefix("v.deepstack.@") {
                 let (idx, tail) = rest.split_once('.')?;
@@ -84,8 +94,8 @@ impl GgufWeights {
             }
             Layout::Swap12(_) => self.dense(file, &parts[0])?.transpose(1, 2)?.contiguous()?,
         };
-        let t = match loc.untile {
-            Some(u) => untile(&t, u)?,
+        let t = match loc.permute {
+            Some(p) => permute(&t, p)?,
             None => t,
         };
         let t = match loc.value {
@@ -101,15 +111,24 @@ impl GgufWeights {
     }
 }
 
-/// Undoes Qwen3.5's value-head reordering along `u.dim`.
-fn untile(t: &Tensor, u: Untile) -> candle_core::Result<Tensor> {
-    let idx: Vec<u32> = u.source_index(t.dim(u.dim)?).into_iter().map(|i| i as u32).collect();
+/// Whether a projector's tower uses the legacy LLaVA converter's swapped MLP names: its
+/// `ffn_down` widens (`[mlp, width]`, what transformers calls `fc1`). llama.cpp's clip loader
+/// swaps them back by the same test.
+fn swapped_ffn(mm: &GgufFile) -> bool {
+    let width = mm.meta("clip.vision.embedding_length").and_then(|v| v.to_u32().ok()).map(|w| w as usize);
+    let down = mm.info("v.blk.0.ffn_down.weight").map(|t| t.dims.clone());
+    matches!((width, down), (Some(w), Some(d)) if d.len() == 2 && d[1] == w && d[0] != w)
+}
+
+/// Undoes a converter's reordering along `p.dim()`.
+fn permute(t: &Tensor, p: Permute) -> candle_core::Result<Tensor> {
+    let idx: Vec<u32> = p.source_index(t.dim(p.dim())?).into_iter().map(|i| i as u32).collect();
     let idx = Tensor::new(idx, t.device())?;
-    t.index_select(&idx, u.dim)
+    t.index_select(&idx, p.dim())
 }
 
 /// A quantized tensor's rows permuted (blocks never cross rows, so whole rows move).
-fn permute_rows(q: &QTensor, u: Untile, dev: &Device) -> candle_core::Result<QTensor> {
+fn permute_rows(q: &QTensor, u: Permute, dev: &Device) -> candle_core::Result<QTensor> {
     let dims = q.shape().dims().to_vec();
     let data = q.data()?;
     let row = data.len() / dims[0];
@@ -161,7 +180,7 @@ impl WeightSource for GgufWeights {
 
     fn mapped(&self, name: &str) -> Option<Mapped> {
         let (loc, parts) = self.find(name)?;
-        let plain = matches!(loc.layout, Layout::Same(_)) && parts.len() == 1 && loc.untile.is_none() && loc.value.is_none() && !loc.unsqueeze1;
+        let plain = matches!(loc.layout, Layout::Same(_)) && parts.len() == 1 && loc.permute.is_none() && loc.value.is_none() && !loc.unsqueeze1;
         if !plain {
             return None;
         }
@@ -175,9 +194,9 @@ impl WeightSource for GgufWeights {
         if is_float(dtype) || !matches!(loc.layout, Layout::Same(_)) || loc.value.is_some() || loc.unsqueeze1 {
             return None;
         }
-        match loc.untile {
+        match loc.permute {
             None => Some(file.qtensor(&parts[0], dev).map(Arc::new)),
-            Some(u) if u.dim == 0 => Some(file.qtensor(&parts[0], &Device::Cpu).and_then(|q| permute_rows(&q, u, dev)).map(Arc::new)),
+            Some(p) if p.dim() == 0 => Some(file.qtensor(&parts[0], &Device::Cpu).and_then(|q| permute_rows(&q, p, dev)).map(Arc::new)),
             // Columns cross blocks: dequantized (dense) instead.
             Some(_) => None,
         }

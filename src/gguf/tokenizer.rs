@@ -1,8 +1,13 @@
 //! A tokenizer.json rebuilt from a GGUF file's `tokenizer.ggml.*` metadata, for GGUF files
-//! that come without the HF tokenizer. llama.cpp's converter records the byte-level BPE's
-//! vocabulary, merges, token types and the pre-tokenizer's name; the pipeline around the BPE
-//! (NFC, the split regex, byte-level mapping) is the one the named Qwen tokenizer.json has.
-//! Unknown pre-tokenizer names are refused: a wrong split regex would tokenize silently wrong.
+//! that come without the HF tokenizer. Two kinds:
+//! - `gpt2` (Qwen): llama.cpp's converter records the byte-level BPE's vocabulary, merges,
+//!   token types and the pre-tokenizer's name; the pipeline around the BPE (NFC, the split
+//!   regex, byte-level mapping) is the one the named Qwen tokenizer.json has. Unknown
+//!   pre-tokenizer names are refused: a wrong split regex would tokenize silently wrong.
+//! - `llama` (SentencePiece BPE: Gemma 3, LLaMA): pieces, scores and token types, no merges.
+//!   The merges are rebuilt from the scores as transformers' `SpmConverter` builds them from
+//!   the tokenizer.model (`spm` below), with byte fallback, spaces as U+2581 and a word-start
+//!   mark at the start of the text unless `tokenizer.ggml.add_space_prefix` is false.
 
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::Value as Meta;
@@ -19,7 +24,7 @@ fn split_regex(pre: &str) -> Option<&'static str> {
     })
 }
 
-fn strings<'a>(f: &'a GgufFile, key: &str) -> Result<Vec<&'a str>> {
+pub(crate) fn strings<'a>(f: &'a GgufFile, key: &str) -> Result<Vec<&'a str>> {
     let Some(Meta::Array(v)) = f.meta(key) else { bail!("{}: metadata {key} is missing or not an array", f.name()) };
     v.iter()
         .map(|x| match x {
@@ -30,7 +35,7 @@ fn strings<'a>(f: &'a GgufFile, key: &str) -> Result<Vec<&'a str>> {
 }
 
 /// llama.cpp's token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
-fn token_types(f: &GgufFile, n: usize) -> Result<Vec<i64>> {
+pub(crate) fn token_types(f: &GgufFile, n: usize) -> Result<Vec<i64>> {
     let Some(Meta::Array(v)) = f.meta("tokenizer.ggml.token_type") else { return Ok(vec![1; n]) };
     if v.len() != n {
         bail!("{}: tokenizer.ggml.token_type has {} entries for {n} tokens", f.name(), v.len());
@@ -47,8 +52,13 @@ fn token_types(f: &GgufFile, n: usize) -> Result<Vec<i64>> {
 /// The tokenizer.json text of a GGUF file's embedded tokenizer.
 pub fn tokenizer_json(f: &GgufFile) -> Result<String> {
     let model = f.meta("tokenizer.ggml.model").and_then(|v| v.to_string().ok()).cloned().unwrap_or_default();
-    if model != "gpt2" {
-        bail!("{}: tokenizer.ggml.model is {model:?}; merg rebuilds only byte-level BPE (\"gpt2\") tokenizers — put the model's tokenizer.json beside the file", f.name());
+    match model.as_str() {
+        "gpt2" => {}
+        "llama" => return super::tokenizer_spm::tokenizer_json(f),
+        _ => bail!(
+            "{}: tokenizer.ggml.model is {model:?}; merg rebuilds byte-level BPE (\"gpt2\") and SentencePiece (\"llama\") tokenizers — put the model's tokenizer.json beside the file",
+            f.name()
+        ),
     }
     let pre = f.meta("tokenizer.ggml.pre").and_then(|v| v.to_string().ok()).cloned().unwrap_or_default();
     let Some(regex) = split_regex(&pre) else {

@@ -104,6 +104,9 @@ pub struct VisionSpec {
     /// its size (the unpadded grid), not from a patch grid.
     #[serde(skip)]
     pub anyres: Option<crate::vision::anyres::AnyRes>,
+    /// SigLIP-style towers (Gemma 3): every image is resized to this square side, whatever
+    /// its aspect, so every image takes the same tokens.
+    pub image_side: Option<usize>,
 }
 
 impl VisionSpec {
@@ -175,6 +178,11 @@ impl ModelSpec {
         }
         if let Some(a) = self.vision.as_ref().and_then(|v| v.anyres.clone()) {
             c.anyres = Some(a);
+        }
+        // Gemma3ImageProcessor: one square, bilinear, mean = std = 0.5, patches row by row.
+        if let Some(side) = self.vision.as_ref().and_then(|v| v.image_side) {
+            (c.fixed_size, c.resample, c.merge_size, c.temporal_patch_size) = (Some([side, side]), 2, 1, 1);
+            (c.image_mean, c.image_std) = ([0.5; 3], [0.5; 3]);
         }
         if self.model_type.starts_with("qwen3") {
             (c.image_mean, c.image_std) = ([0.5; 3], [0.5; 3]);
@@ -338,7 +346,7 @@ mod tests {
         };
         assert_eq!(spec.num_attention_layers(), 2);
         assert!(spec.has_recurrent_layers());
-        let v = VisionSpec { patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2, video_timestamps: false, video_outer_markers: false, anyres: None };
+        let v = VisionSpec { patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2, video_timestamps: false, video_outer_markers: false, anyres: None, image_side: None };
         assert_eq!(v.tokens(&MediaGrid::image([1, 32, 32])), 256);
     }
 

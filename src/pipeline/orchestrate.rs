@@ -254,7 +254,7 @@ impl Run<'_, '_> {
                 }
                 match parse::<ReplyOut>(&out) {
                     Some(r) => st.reply = Some((r.reply, lps)),
-                    None => bail!("SGRG produced no complete reply (finish: {:?}); raise max_new_tokens: {}", rec.finish, rec.raw),
+                    None => bail!("SGRG produced no complete reply: its output {} before the JSON closed; raise max_new_tokens: {}", rec.finish, rec.raw),
                 }
             }
         }
@@ -289,7 +289,7 @@ impl Run<'_, '_> {
         };
         let text = self.p.prompts.render(name, &vars)?;
         let (out, rec, lps) = self.call(name, 0, &text, schema, self.sampling(0, 5), vec![], None, vec![])?;
-        let Some(v) = out else { bail!("the {name} baseline produced no complete output (finish: {:?}): {}", rec.finish, rec.raw) };
+        let Some(v) = out else { bail!("the {name} baseline produced no complete output: it {}: {}", rec.finish, rec.raw) };
         let reply = v["reply"].as_str().unwrap_or_default().to_string();
         let forecast = v["reply_emotion"].as_str().map(|e| Forecast {
             text_emotion: v["emotion"].as_str().unwrap_or_default().into(),

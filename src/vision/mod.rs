@@ -1,12 +1,15 @@
-//! HF-equal image/video preprocessing for Qwen2-VL / Qwen2.5-VL.
+//! HF-equal image/video preprocessing for every family's processor.
 //!
-//! - `resize`: bit-exact Pillow 8-bit bicubic resampling (HF resizes through PIL).
-//! - `preprocess`: config, `smart_resize`, rescale/normalise and patchify into `Patches`.
+//! - `resize`: bit-exact Pillow 8-bit bicubic and bilinear resampling (HF resizes through PIL).
+//! - `preprocess`: config, `smart_resize`, rescale/normalise and patchify into `Patches`
+//!   (Qwen's merge blocks, or SigLIP's fixed square in row-major patches).
 //! - `anyres`: LLaVA-NeXT's any-resolution tiles and the unpadding geometry.
+//! - `pan_scan`: Gemma 3's pan-and-scan crops.
 //! - `media`: image decoding and video frame sampling (ffmpeg, behind the `video` feature).
 
 pub mod anyres;
 pub mod media;
+pub mod pan_scan;
 pub mod preprocess;
 pub mod resize;
 

@@ -1,5 +1,6 @@
 //! HF-equal Qwen2-VL image/video preprocessing: smart_resize → PIL bicubic resize → rescale →
-//! normalise → patchify, matching `Qwen2VLImageProcessor` (the slow, PIL-based one).
+//! normalise → patchify, matching `Qwen2VLImageProcessor` (the slow, PIL-based one); and the
+//! fixed-size form of SigLIP-style processors (Gemma 3: every image resized to one square).
 
 use std::path::Path;
 
@@ -8,9 +9,9 @@ use candle_core::{Device, Tensor};
 use image::RgbImage;
 use serde::Deserialize;
 
-use super::resize::resize_bicubic;
+use super::resize::{resize, Filter};
 
-/// PIL's `Image.BICUBIC` enum value, the only resample filter we reproduce.
+/// PIL's `Image.BICUBIC` enum value, the default resample filter.
 const PIL_BICUBIC: u32 = 3;
 /// OpenAI CLIP normalisation constants (HF `OPENAI_CLIP_MEAN` / `OPENAI_CLIP_STD`).
 const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
@@ -34,8 +35,14 @@ pub struct PreprocessorConfig {
     pub do_rescale: bool,
     pub do_normalize: bool,
     pub do_convert_rgb: bool,
-    /// PIL resample id; only bicubic (3) is supported and `validate` enforces it.
+    /// PIL resample id; bilinear (2) and bicubic (3) are supported and `validate` enforces it.
     pub resample: u32,
+    /// SigLIP-style processors (Gemma 3): every image is resized to this (height, width),
+    /// whatever its aspect, and cut into row-major patches (no merge blocks, no time).
+    pub fixed_size: Option<[usize; 2]>,
+    /// Gemma 3: `do_pan_and_scan` (with a fixed size): wide or tall images are also shown as
+    /// crops, each one more image of the same item.
+    pub pan_and_scan: Option<super::pan_scan::PanAndScan>,
     /// Qwen3-VL videos: (min, max) pixels of the whole clip (frames × height × width), from
     /// `video_preprocessor_config.json`; `None`: each frame is sized like an image.
     pub video_budget: Option<(usize, usize)>,
@@ -54,6 +61,8 @@ struct RawSize {
     longest_edge: Option<usize>,
     min_pixels: Option<usize>,
     max_pixels: Option<usize>,
+    height: Option<usize>,
+    width: Option<usize>,
 }
 
 /// Everything optional so absent keys fall back to Qwen2-VL's real defaults.
@@ -77,6 +86,11 @@ struct RawPreprocessorConfig {
     // LLaVA-NeXT (LlavaNextImageProcessor)
     image_grid_pinpoints: Option<Vec<[usize; 2]>>,
     crop_size: Option<RawCrop>,
+    // Gemma 3 (Gemma3ImageProcessor)
+    do_pan_and_scan: Option<bool>,
+    pan_and_scan_min_crop_size: Option<usize>,
+    pan_and_scan_max_num_crops: Option<usize>,
+    pan_and_scan_min_ratio_to_activate: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -96,6 +110,15 @@ impl From<RawPreprocessorConfig> for PreprocessorConfig {
         });
         let crop = r.crop_size.map(|c| [c.height, c.width]);
         let shortest = size.shortest_edge;
+        let fixed_size = size.height.zip(size.width).map(|(h, w)| [h, w]);
+        let pan_and_scan = (r.do_pan_and_scan == Some(true)).then(|| {
+            let d = super::pan_scan::PanAndScan::default();
+            super::pan_scan::PanAndScan {
+                min_crop: r.pan_and_scan_min_crop_size.unwrap_or(d.min_crop),
+                max_crops: r.pan_and_scan_max_num_crops.unwrap_or(d.max_crops),
+                min_ratio: r.pan_and_scan_min_ratio_to_activate.unwrap_or(d.min_ratio),
+            }
+        });
         // HF: explicit min_pixels/max_pixels override `size`, which overrides the defaults.
         let min_pixels = r.min_pixels.or(size.shortest_edge).or(size.min_pixels).unwrap_or(56 * 56);
         let max_pixels =
@@ -116,6 +139,8 @@ impl From<RawPreprocessorConfig> for PreprocessorConfig {
             do_convert_rgb: r.do_convert_rgb.unwrap_or(true),
             resample: r.resample.unwrap_or(PIL_BICUBIC),
             video_budget: None,
+            fixed_size,
+            pan_and_scan,
             anyres_sides: anyres.as_ref().map(|a| (a.tile, crop.unwrap_or([a.tile; 2]), shortest.unwrap_or(a.tile))),
             anyres,
         }
@@ -183,10 +208,18 @@ impl PreprocessorConfig {
             self.max_pixels
         );
         ensure!(
-            self.resample == PIL_BICUBIC,
-            "resample={} unsupported: only PIL bicubic (3) is implemented",
+            Filter::from_pil(self.resample).is_some(),
+            "resample={} unsupported: only PIL bilinear (2) and bicubic (3) are implemented",
             self.resample
         );
+        if let Some([h, w]) = self.fixed_size {
+            // The patch size is the model's (the file names none), checked when cutting.
+            ensure!(h > 0 && w > 0 && h * w <= MAX_SANE_PIXELS, "size {h}x{w} is not a usable image size");
+        }
+        if let Some(p) = &self.pan_and_scan {
+            ensure!(self.fixed_size.is_some(), "do_pan_and_scan needs a fixed image size (size.height and size.width)");
+            p.validate()?;
+        }
         ensure!(
             self.image_std.iter().all(|s| *s != 0.0),
             "image_std {:?} contains zero",
@@ -325,9 +358,10 @@ pub(crate) fn normalize_image(img: &RgbImage, cfg: &PreprocessorConfig) -> Vec<f
     normalize_chw(img, cfg, Norm::Image)
 }
 
-/// Resize (if configured) one frame to `(height, width)`.
-fn resize_frame(img: &RgbImage, height: usize, width: usize) -> Result<RgbImage> {
-    resize_bicubic(img, width, height)
+/// Resize (if configured) one frame to `(height, width)` with the configured filter.
+fn resize_frame(img: &RgbImage, height: usize, width: usize, cfg: &PreprocessorConfig) -> Result<RgbImage> {
+    let filter = Filter::from_pil(cfg.resample).context("unsupported resample filter")?;
+    resize(img, width, height, filter)
 }
 
 /// Target size for frames of `height x width` under `cfg`.
@@ -427,7 +461,7 @@ fn preprocess_frames(
     let normalized = frames
         .iter()
         .map(|f| -> Result<Vec<f32>> {
-            let resized = resize_frame(f, rh, rw)?;
+            let resized = resize_frame(f, rh, rw, cfg)?;
             Ok(normalize_chw(&resized, cfg, norm))
         })
         .collect::<Result<Vec<_>>>()
@@ -456,7 +490,45 @@ pub fn preprocess_image(img: &RgbImage, cfg: &PreprocessorConfig) -> Result<Patc
         cfg.validate().context("invalid preprocessor config")?;
         return super::anyres::preprocess(img, cfg, any);
     }
+    if let Some([h, w]) = cfg.fixed_size {
+        return preprocess_fixed(img, cfg, [h, w]);
+    }
     preprocess_frames(&[img], cfg, Norm::Image, "image")
+}
+
+/// A SigLIP-style image: resized to `[h, w]` whatever its aspect (`do_resize`), normalised, cut
+/// into row-major patches of `[C·P·P]` values (channel-major inside a patch), grid `[1, h/P, w/P]`;
+/// with pan-and-scan, the image then its crops, grid `[1 + crops, h/P, w/P]`.
+fn preprocess_fixed(img: &RgbImage, cfg: &PreprocessorConfig, [h, w]: [usize; 2]) -> Result<Patches> {
+    cfg.validate().context("invalid preprocessor config")?;
+    let (iw, ih) = (img.width() as usize, img.height() as usize);
+    ensure!(iw > 0 && ih > 0, "image is empty ({iw}x{ih})");
+    let p = cfg.patch_size;
+    ensure!(h.is_multiple_of(p) && w.is_multiple_of(p), "the preprocessor's size {h}x{w} is not a multiple of the model's patch size {p}");
+    let crops = cfg.pan_and_scan.as_ref().map(|ps| ps.cut(img)).unwrap_or_default();
+    let mut data = Vec::with_capacity(3 * h * w * (1 + crops.len()));
+    for part in std::iter::once(img).chain(&crops) {
+        let (pw, ph) = (part.width() as usize, part.height() as usize);
+        let resized = match cfg.do_resize {
+            true => resize_frame(part, h, w, cfg).with_context(|| format!("image: resizing {pw}x{ph} to {w}x{h}"))?,
+            false => {
+                ensure!([ph, pw] == [h, w], "do_resize=false but the image is {pw}x{ph}, not the configured {w}x{h}");
+                part.clone()
+            }
+        };
+        let chw = normalize_chw(&resized, cfg, Norm::Image);
+        for by in 0..h / p {
+            for bx in 0..w / p {
+                for c in 0..3 {
+                    for y in by * p..(by + 1) * p {
+                        let start = c * h * w + y * w + bx * p;
+                        data.extend_from_slice(&chw[start..start + p]);
+                    }
+                }
+            }
+        }
+    }
+    Ok(Patches { data, grid_thw: [1 + crops.len(), h / p, w / p], patch_dim: 3 * p * p })
 }
 
 /// Preprocess video frames (all the same size) into patches with `grid_t = ceil(n / T)`.

@@ -1,4 +1,4 @@
-//! Bit-exact reimplementation of Pillow's 8-bit BICUBIC `Image.resize`.
+//! Bit-exact reimplementation of Pillow's 8-bit BICUBIC and BILINEAR `Image.resize`.
 //!
 //! HF's slow `Qwen2VLImageProcessor` resizes uint8 RGB through PIL, so any deviation here shows up
 //! as whole-LSB differences (≈0.015 after normalisation). We therefore follow the arithmetic of
@@ -14,8 +14,40 @@ use rayon::prelude::*;
 /// negative-lobe filters (same budget Pillow uses).
 const PRECISION_BITS: u32 = 32 - 8 - 2;
 
-/// Bicubic support radius at scale 1 (Pillow's `BICUBIC.support`).
-const BICUBIC_SUPPORT: f64 = 2.0;
+/// Pillow's resampling filters merg reproduces (the `resample` ids of preprocessor configs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filter {
+    /// `Image.BILINEAR` (2): the triangle filter, support 1 (Gemma 3, SigLIP).
+    Bilinear,
+    /// `Image.BICUBIC` (3): Keys cubic, support 2 (Qwen, CLIP).
+    Bicubic,
+}
+
+impl Filter {
+    /// The filter of a PIL resample id, if merg reproduces it.
+    pub fn from_pil(id: u32) -> Option<Filter> {
+        match id {
+            2 => Some(Filter::Bilinear),
+            3 => Some(Filter::Bicubic),
+            _ => None,
+        }
+    }
+
+    /// Support radius at scale 1 (Pillow's `filter->support`).
+    fn support(self) -> f64 {
+        match self {
+            Filter::Bilinear => 1.0,
+            Filter::Bicubic => 2.0,
+        }
+    }
+
+    fn weight(self, x: f64) -> f64 {
+        match self {
+            Filter::Bilinear => (1.0 - x.abs()).max(0.0),
+            Filter::Bicubic => bicubic_filter(x),
+        }
+    }
+}
 
 /// Keys cubic convolution with a = -0.5 (Pillow's choice, unlike OpenCV's -0.75).
 fn bicubic_filter(x: f64) -> f64 {
@@ -40,7 +72,7 @@ struct Coeffs {
 }
 
 /// Mirrors `precompute_coeffs` + `normalize_coeffs_8bpc` for the full-image box `[0, in_size]`.
-fn precompute_coeffs(in_size: usize, out_size: usize) -> Coeffs {
+fn precompute_coeffs(in_size: usize, out_size: usize, filter: Filter) -> Coeffs {
     // Pillow's box is f32; `(in1 - in0)` is computed in f32 then widened. Exact for sane sizes,
     // but keep the same path so huge sizes round identically.
     let in0: f32 = 0.0;
@@ -48,7 +80,7 @@ fn precompute_coeffs(in_size: usize, out_size: usize) -> Coeffs {
     let scale = (in1 - in0) as f64 / out_size as f64;
     // Downscaling widens the kernel (antialiasing); upscaling keeps it at unit scale.
     let filterscale = if scale < 1.0 { 1.0 } else { scale };
-    let support = BICUBIC_SUPPORT * filterscale;
+    let support = filter.support() * filterscale;
     let ksize = (support.ceil() as usize) * 2 + 1;
     let inv_filterscale = 1.0 / filterscale;
 
@@ -64,7 +96,7 @@ fn precompute_coeffs(in_size: usize, out_size: usize) -> Coeffs {
         let mut ww = 0.0f64;
         for (x, kx) in k.iter_mut().enumerate().take(count) {
             // Same operation order as Pillow: ((x + xmin) - center + 0.5) * inv_filterscale.
-            let w = bicubic_filter(((x as i64 + xmin) as f64 - center + 0.5) * inv_filterscale);
+            let w = filter.weight(((x as i64 + xmin) as f64 - center + 0.5) * inv_filterscale);
             *kx = w;
             ww += w;
         }
@@ -150,6 +182,11 @@ fn resample_vertical(src: &[u8], w: usize, row_offset: usize, c: &Coeffs) -> Vec
 /// Resize like `PIL.Image.resize((width, height), Image.BICUBIC)` on an RGB image (default box,
 /// no `reducing_gap`). Same size returns an unchanged copy, as PIL does.
 pub fn resize_bicubic(img: &RgbImage, width: usize, height: usize) -> Result<RgbImage> {
+    resize(img, width, height, Filter::Bicubic)
+}
+
+/// Resize like `PIL.Image.resize((width, height), filter)` on an RGB image.
+pub fn resize(img: &RgbImage, width: usize, height: usize, filter: Filter) -> Result<RgbImage> {
     let (in_w, in_h) = (img.width() as usize, img.height() as usize);
     if width == 0 || height == 0 {
         bail!("resize target {width}x{height} has a zero dimension (source {in_w}x{in_h})");
@@ -173,14 +210,14 @@ pub fn resize_bicubic(img: &RgbImage, width: usize, height: usize) -> Result<Rgb
     let horizontal_first = !(dh > 0 && dh > dw * 2);
 
     let src = img.as_raw();
-    let vert = precompute_coeffs(in_h, height);
+    let vert = precompute_coeffs(in_h, height, filter);
     let out = if horizontal_first {
         // Only the source rows the vertical filter touches are horizontally resampled (Pillow's
         // ybox_first/ybox_last); identical results, less work.
         let y_first = vert.bounds.first().map_or(0, |b| b.0);
         let y_last = vert.bounds.last().map_or(in_h, |b| b.0 + b.1);
         if need_horizontal {
-            let horiz = precompute_coeffs(in_w, width);
+            let horiz = precompute_coeffs(in_w, width, filter);
             let tmp = resample_horizontal(src, in_w, y_first, y_last - y_first, &horiz);
             if need_vertical {
                 resample_vertical(&tmp, width, y_first, &vert)
@@ -194,7 +231,7 @@ pub fn resize_bicubic(img: &RgbImage, width: usize, height: usize) -> Result<Rgb
         // Vertical first (need_vertical is implied by dh > 0).
         let tmp = resample_vertical(src, in_w, 0, &vert);
         if need_horizontal {
-            let horiz = precompute_coeffs(in_w, width);
+            let horiz = precompute_coeffs(in_w, width, filter);
             resample_horizontal(&tmp, in_w, 0, height, &horiz)
         } else {
             tmp

@@ -194,6 +194,9 @@ impl Config {
         if t.sliding_window == 0 {
             bail!("text_config: sliding_window must be at least 1");
         }
+        if t.sliding_window > t.max_position_embeddings {
+            bail!("text_config: sliding_window {} is larger than the context (max_position_embeddings {})", t.sliding_window, t.max_position_embeddings);
+        }
         Ok(())
     }
 }
@@ -283,5 +286,35 @@ mod tests {
         assert_eq!(&g.sliding[..6], &[true, true, true, true, true, false]);
         assert_eq!((g.global_rope_factor, g.sliding_window, c.text.head_dim), (8.0, 1024, 256));
         assert_eq!((c.pool(), c.special.image, c.special.vision_start), (4, 262_144, 255_999));
+    }
+
+    /// Bad configs are refused naming the field: a window larger than the context, a layer
+    /// pattern of the wrong length, an image token count the pooling cannot give.
+    #[test]
+    fn bad_configs_name_the_field() {
+        let base = serde_json::json!({
+            "model_type": "gemma3", "mm_tokens_per_image": 9,
+            "text_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 8, "max_position_embeddings": 4096},
+            "vision_config": {"hidden_size": 32, "image_size": 48, "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "patch_size": 8}
+        });
+        assert!(Config::from_value(&base).is_ok());
+        let with = |path: &[&str], v: Value| {
+            let mut c = base.clone();
+            let (last, parents) = path.split_last().unwrap();
+            let mut at = &mut c;
+            for p in parents {
+                at = &mut at[*p];
+            }
+            at[*last] = v;
+            format!("{:#}", Config::from_value(&c).unwrap_err())
+        };
+        let e = with(&["text_config", "sliding_window"], serde_json::json!(8192));
+        assert!(e.contains("sliding_window 8192 is larger than the context (max_position_embeddings 4096)"), "{e}");
+        let e = with(&["text_config", "layer_types"], serde_json::json!(["sliding_attention", "full_attention"]));
+        assert!(e.contains("2 layer_types for 6 layers"), "{e}");
+        let e = with(&["mm_tokens_per_image"], serde_json::json!(8));
+        assert!(e.contains("mm_tokens_per_image 8 must be a square"), "{e}");
+        let e = with(&["mm_tokens_per_image"], serde_json::json!(16));
+        assert!(e.contains("mm_tokens_per_image 16") && e.contains("6 patches per side"), "{e}");
     }
 }

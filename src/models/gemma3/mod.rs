@@ -38,7 +38,7 @@ impl FamilyConfig for Config {
             max_context: t.max_position_embeddings,
             special: self.special.clone(),
             // An image is one square grid of patches; `pool × pool` of them make a token.
-            vision: Some(VisionSpec { patch_size: self.vision.patch_size, spatial_merge_size: self.pool(), temporal_patch_size: 1, video_timestamps: false, video_outer_markers: false, anyres: None }),
+            vision: Some(VisionSpec { patch_size: self.vision.patch_size, spatial_merge_size: self.pool(), temporal_patch_size: 1, video_timestamps: false, video_outer_markers: false, anyres: None, image_side: Some(self.vision.image_size) }),
         }
     }
 
@@ -69,7 +69,14 @@ impl FamilyConfig for Config {
 }
 
 impl VisionEncoder for SiglipTower {
-    fn encode(&self, patches: &Tensor, _grid: &super::MediaGrid) -> Result<(Tensor, Vec<Tensor>)> {
-        Ok((self.forward(patches)?, vec![]))
+    /// One item is one image, or with pan-and-scan the image then its crops (`grid.thw[0]` of
+    /// them), each through the tower on its own; their tokens follow each other.
+    fn encode(&self, patches: &Tensor, grid: &super::MediaGrid) -> Result<(Tensor, Vec<Tensor>)> {
+        let (images, per) = (grid.thw[0].max(1), grid.thw[1] * grid.thw[2]);
+        if images == 1 {
+            return Ok((self.forward(patches)?, vec![]));
+        }
+        let parts = (0..images).map(|i| self.forward(&patches.narrow(0, i * per, per)?)).collect::<candle_core::Result<Vec<_>>>()?;
+        Ok((Tensor::cat(&parts, 0)?, vec![]))
     }
 }

@@ -54,6 +54,7 @@ impl FamilyConfig for Config {
                 video_timestamps: false,
                 video_outer_markers: false,
                 anyres: Some(self.anyres.clone()),
+                image_side: None,
             }),
         }
     }

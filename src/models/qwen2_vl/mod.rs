@@ -55,6 +55,7 @@ impl FamilyConfig for Config {
                 video_timestamps: false,
                 video_outer_markers: false,
                 anyres: None,
+                image_side: None,
             }),
         }
     }

@@ -45,6 +45,7 @@ impl FamilyConfig for Config {
                 // The goldens' transformers: 4.57 for Qwen3-VL, 5.x (keeps them) for Qwen3.5.
                 video_outer_markers: self.model_type == "qwen3_5",
                 anyres: None,
+                image_side: None,
             }),
         }
     }
