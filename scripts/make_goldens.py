@@ -960,6 +960,8 @@ def main():
     print(f"transformers {transformers.__version__} torch {torch.__version__}")
     if sys.argv[1:] == ["llava_next"]:  # LLaVA-NeXT lives in its own file; reads the committed media
         return __import__("tiny_llava_next").make_goldens(load_image, MIN_MARGIN)
+    if sys.argv[1:] == ["qwen2_5_omni"]:  # Qwen2.5-Omni's thinker lives in its own file; reads the committed media
+        return __import__("tiny_qwen2_5_omni").make_goldens(MIN_MARGIN)
     fams = mtc.requested_families(sys.argv[1:])
     # transformers-5 families read the committed media and never rewrite them (nor anything else of the 4.57 ones)
     if "--skip-media" not in sys.argv and any(mtc.FAMILIES[f].transformers_major < 5 for f in fams):

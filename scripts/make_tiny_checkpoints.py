@@ -796,6 +796,8 @@ def main():
         return __import__("tiny_gemma3").make_checkpoint()
     if sys.argv[1:] == ["llava_next"]:  # LLaVA-NeXT lives in its own file
         return __import__("tiny_llava_next").make_checkpoint()
+    if sys.argv[1:] == ["qwen2_5_omni"]:  # Qwen2.5-Omni's thinker: scripts/tiny_qwen2_5_omni.py
+        return __import__("tiny_qwen2_5_omni").make_checkpoint()
     for f in requested_families(sys.argv[1:]):
         make(f)
 

@@ -83,13 +83,17 @@ pub fn cmd_info(a: InfoArgs) -> Result<()> {
     if let Some(v) = &spec.vision {
         println!("vision:    patch {}, merge {}, temporal patch {}", v.patch_size, v.spatial_merge_size, v.temporal_patch_size);
     }
+    let audio = if params.audio > 0 { format!(" + audio {}", billions(params.audio)) } else { String::new() };
     println!(
-        "params:    {} total = text {} + vision {}; {} active per token",
+        "params:    {} total = text {} + vision {}{audio}; {} active per token",
         billions(params.total()),
         billions(params.text_linear + params.text_other),
         billions(params.vision),
-        billions(params.text_active + params.vision)
+        billions(params.text_active + params.vision + params.audio)
     );
+    for note in registry::notes(&config).map_err(with_path)? {
+        println!("note:      {note}");
+    }
     if let Some(f) = &files {
         let shards = merg::weights::index_shards(&f.weights).context("reading the weight files")?;
         println!("weights:   {} tensors in {} file(s)", shards.len(), f.weights.len());

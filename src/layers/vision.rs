@@ -1,7 +1,8 @@
 //! Pieces the vision towers share: the patch embedding (a Conv3d or Conv2d whose stride equals
 //! its kernel, over patches the processor already cut), the pre-norm ViT block with 2-D
 //! rotary over (row, col) of the Qwen towers, the rotary tables in the processor's merge-block
-//! order, and the plain ViT layer of HF's CLIP (LLaVA-NeXT) with learned positions instead.
+//! order, and the plain ViT layer of HF's CLIP (LLaVA-NeXT) with learned positions instead
+//! (also the layer of Qwen2.5-Omni's Whisper-style audio encoder, under its own names).
 //! Qwen towers differ only in the norm and MLP they hand to `VisionBlock::new` and in what they
 //! do around the blocks (windows, learned positions, DeepStack).
 
@@ -68,16 +69,42 @@ pub struct VitLayer {
     heads: usize,
 }
 
+/// Where a ViT layer's tensors live: CLIP / SigLIP (`VitNames::CLIP`) or Whisper-style audio
+/// encoders (`VitNames::WHISPER`: other norm names, the MLP's layers on the layer itself, and
+/// no bias on `k_proj`).
+#[derive(Clone, Copy, Debug)]
+pub struct VitNames {
+    pub norm1: &'static str,
+    pub norm2: &'static str,
+    /// Parent of `fc1` / `fc2`; `None`: the layer itself.
+    pub mlp: Option<&'static str>,
+    pub k_bias: bool,
+}
+
+impl VitNames {
+    pub const CLIP: VitNames = VitNames { norm1: "layer_norm1", norm2: "layer_norm2", mlp: Some("mlp"), k_bias: true };
+    pub const WHISPER: VitNames = VitNames { norm1: "self_attn_layer_norm", norm2: "final_layer_norm", mlp: None, k_bias: false };
+}
+
 impl VitLayer {
     pub fn new(s: VitShape, w: Weights) -> Result<Self> {
+        Self::named(s, VitNames::CLIP, w)
+    }
+
+    /// The layer with its tensors under `names`.
+    pub fn named(s: VitShape, names: VitNames, w: Weights) -> Result<Self> {
         let a = w.pp("self_attn");
         let proj = |name: &str| linear(s.width, s.width, true, a.pp(name));
+        let mlp = match names.mlp {
+            Some(m) => w.pp(m),
+            None => w.clone(),
+        };
         Ok(VitLayer {
-            norm1: Norm::layer(s.width, s.eps, w.pp("layer_norm1"))?,
-            norm2: Norm::layer(s.width, s.eps, w.pp("layer_norm2"))?,
-            qkv: Fused::new(vec![proj("q_proj")?, proj("k_proj")?, proj("v_proj")?])?,
+            norm1: Norm::layer(s.width, s.eps, w.pp(names.norm1))?,
+            norm2: Norm::layer(s.width, s.eps, w.pp(names.norm2))?,
+            qkv: Fused::new(vec![proj("q_proj")?, linear(s.width, s.width, names.k_bias, a.pp("k_proj"))?, proj("v_proj")?])?,
             out: proj("out_proj")?,
-            mlp: Mlp::plain(s.width, s.mlp_width, s.act, w.pp("mlp"))?,
+            mlp: Mlp::plain(s.width, s.mlp_width, s.act, mlp)?,
             heads: s.heads,
         })
     }
@@ -103,32 +130,49 @@ impl VitLayer {
 pub struct VisionBlock {
     norm1: Norm,
     norm2: Norm,
-    qkv: Linear,
+    qkv: Qkv,
     proj: Linear,
     mlp: Mlp,
     heads: usize,
 }
 
+/// A block's q/k/v projection: one `attn.qkv` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) or three
+/// `attn.q`, `attn.k`, `attn.v` (Qwen2.5-Omni's copy of the Qwen2.5-VL tower).
+enum Qkv {
+    One(Linear),
+    Three(Fused),
+}
+
 impl VisionBlock {
     pub fn new(width: usize, heads: usize, norm: impl Fn(Weights) -> Result<Norm>, mlp: Mlp, w: Weights) -> Result<Self> {
-        Ok(VisionBlock {
-            norm1: norm(w.pp("norm1"))?,
-            norm2: norm(w.pp("norm2"))?,
-            qkv: linear(width, 3 * width, true, w.pp("attn").pp("qkv"))?,
-            proj: linear(width, width, true, w.pp("attn").pp("proj"))?,
-            mlp,
-            heads,
-        })
+        let a = w.pp("attn");
+        let qkv = match a.contains("q.weight") && !a.contains("qkv.weight") {
+            true => Qkv::Three(Fused::new(vec![linear(width, width, true, a.pp("q"))?, linear(width, width, true, a.pp("k"))?, linear(width, width, true, a.pp("v"))?])?),
+            false => Qkv::One(linear(width, 3 * width, true, a.pp("qkv"))?),
+        };
+        Ok(VisionBlock { norm1: norm(w.pp("norm1"))?, norm2: norm(w.pp("norm2"))?, qkv, proj: linear(width, width, true, a.pp("proj"))?, mlp, heads })
+    }
+
+    /// q, k, v `[n, heads, d]` of the normed states `h`.
+    fn qkv(&self, h: &Tensor, n: usize, d: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        match &self.qkv {
+            Qkv::One(l) => {
+                let qkv = l.forward(h)?.reshape((n, 3, self.heads, d))?;
+                Ok((qkv.narrow(1, 0, 1)?.squeeze(1)?, qkv.narrow(1, 1, 1)?.squeeze(1)?, qkv.narrow(1, 2, 1)?.squeeze(1)?))
+            }
+            Qkv::Three(f) => {
+                let [q, k, v]: [Tensor; 3] = f.forward(h)?.try_into().map_err(|_| candle_core::Error::Msg("q/k/v: three outputs expected".into()))?;
+                Ok((q.reshape((n, self.heads, d))?, k.reshape((n, self.heads, d))?, v.reshape((n, self.heads, d))?))
+            }
+        }
     }
 
     pub fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, segs: &[(usize, usize)]) -> Result<Tensor> {
         let (n, width) = x.dims2()?;
         let d = width / self.heads;
         let h = self.norm1.forward(x)?;
-        let qkv = self.qkv.forward(&h)?.reshape((n, 3, self.heads, d))?;
-        let q = apply_rope(&qkv.narrow(1, 0, 1)?.squeeze(1)?, cos, sin)?;
-        let k = apply_rope(&qkv.narrow(1, 1, 1)?.squeeze(1)?, cos, sin)?;
-        let v = qkv.narrow(1, 2, 1)?.squeeze(1)?;
+        let (q, k, v) = self.qkv(&h, n, d)?;
+        let (q, k) = (apply_rope(&q, cos, sin)?, apply_rope(&k, cos, sin)?);
         let scale = 1.0 / (d as f64).sqrt();
         let mut outs = Vec::with_capacity(segs.len());
         for &(start, len) in segs {

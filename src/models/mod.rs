@@ -15,6 +15,7 @@ pub mod gemma3;
 pub mod llava_next;
 pub mod media;
 pub mod position;
+pub mod qwen2_5_omni;
 pub mod qwen2_vl;
 pub mod qwen3_5;
 pub mod qwen3_vl;
@@ -28,7 +29,7 @@ use serde::Serialize;
 pub use cache::{DenseCache, RecurrentState, StepCache, Visibility};
 pub use media::Deepstack;
 pub use registry::{load, param_counts, supported_model_types};
-pub use vlm::{FamilyConfig, VisionEncoder, VisionLanguageModel};
+pub use vlm::{AudioEncoder, FamilyConfig, VisionEncoder, VisionLanguageModel};
 
 /// 3-D (t, h, w) position ids, one vector per component; text-only models repeat one vector.
 pub type Positions = [Vec<i64>; 3];
@@ -75,12 +76,18 @@ impl SpecialIds {
         let id = |key: &str| -> Result<u32> {
             root.get(key).or_else(|| text.get(key)).and_then(Value::as_u64).map(|v| v as u32).with_context(|| format!("missing token id \"{key}\""))
         };
-        let eos = match text.get("eos_token_id") {
+        let eos = Self::eos_of(text);
+        Ok(SpecialIds { image: id("image_token_id")?, video: id("video_token_id")?, vision_start: id("vision_start_token_id")?, vision_end: id("vision_end_token_id")?, eos })
+    }
+
+    /// The `eos_token_id` of config fields: one id or a list (none when absent).
+    pub fn eos_of(fields: &serde_json::Map<String, serde_json::Value>) -> Vec<u32> {
+        use serde_json::Value;
+        match fields.get("eos_token_id") {
             Some(Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
             Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect(),
             _ => vec![],
-        };
-        Ok(SpecialIds { image: id("image_token_id")?, video: id("video_token_id")?, vision_start: id("vision_start_token_id")?, vision_end: id("vision_end_token_id")?, eos })
+        }
     }
 }
 
@@ -114,6 +121,28 @@ impl VisionSpec {
         }
         let m = self.spatial_merge_size.max(1);
         grid.thw.iter().product::<usize>() / (m * m)
+    }
+}
+
+/// How a model hears: its audio placeholder and markers, and the log-mel frames it takes.
+#[derive(Clone, Debug, Serialize)]
+pub struct AudioSpec {
+    /// Placeholder token, one per audio feature row (`<|AUDIO|>`).
+    pub token: u32,
+    pub start: u32,
+    pub end: u32,
+    /// Mel bins of the features (`num_mel_bins`).
+    pub mel_bins: usize,
+    /// Mel frames per attention window of the encoder (`2 × n_window`).
+    pub chunk_frames: usize,
+}
+
+impl AudioSpec {
+    /// Placeholder tokens of a clip of `frames` mel frames: the stride-2 convolution, then the
+    /// pooling by two (transformers' `_get_feat_extract_output_lengths`).
+    pub fn tokens(frames: usize) -> usize {
+        let after_conv = (frames as i64 - 1).div_euclid(2) + 1;
+        ((after_conv - 2).div_euclid(2) + 1).max(0) as usize
     }
 }
 
@@ -207,6 +236,8 @@ pub struct ParamCounts {
     /// Decoder embeddings, norms, biases and recurrent parameters.
     pub text_other: u64,
     pub vision: u64,
+    /// Audio tower (Qwen2.5-Omni); 0 for models without one.
+    pub audio: u64,
     /// Decoder parameters one token runs through (MoE: its top-k experts only).
     pub text_active: u64,
     /// Whether the output head is the embedding matrix.
@@ -215,12 +246,12 @@ pub struct ParamCounts {
 
 impl ParamCounts {
     pub fn total(&self) -> u64 {
-        self.text_linear + self.text_other + self.vision
+        self.text_linear + self.text_other + self.vision + self.audio
     }
 
     fn of(decoder: &decoder::DecoderConfig, vision: u64) -> Self {
         let (text_linear, text_other) = decoder.num_params();
-        ParamCounts { text_linear, text_other, vision, text_active: decoder.active_params(), tied_head: decoder.tie_word_embeddings }
+        ParamCounts { text_linear, text_other, vision, audio: 0, text_active: decoder.active_params(), tied_head: decoder.tie_word_embeddings }
     }
 }
 
@@ -289,6 +320,26 @@ pub trait Model: Send + Sync {
     /// Prompt ids (placeholders expanded) plus each media item's grid and features, in prompt
     /// order → decoder inputs.
     fn prepare_prompt(&self, ids: &[u32], media: &[MediaGrid], features: &[Tensor]) -> Result<PromptInputs>;
+
+    /// The audio input this model takes; `None` for models without an audio encoder.
+    fn audio_spec(&self) -> Option<&AudioSpec> {
+        None
+    }
+
+    /// Features `[tokens, hidden]` of one clip's log-mel frames `[mels, frames]`; `tokens`
+    /// equals `AudioSpec::tokens(frames)`.
+    fn encode_audio(&self, _mel: &Tensor) -> Result<Tensor> {
+        anyhow::bail!("{} has no audio encoder", self.spec().model_type)
+    }
+
+    /// `prepare_prompt` with each audio clip's features (from `encode_audio`, in prompt order)
+    /// spliced into the audio placeholders.
+    fn prepare_prompt_with_audio(&self, ids: &[u32], media: &[MediaGrid], features: &[Tensor], audio: &[Tensor]) -> Result<PromptInputs> {
+        if !audio.is_empty() {
+            anyhow::bail!("{} has no audio encoder, but {} audio clips were given", self.spec().model_type, audio.len());
+        }
+        self.prepare_prompt(ids, media, features)
+    }
 
     /// Plain token embeddings `[T, hidden]` (generated tokens).
     fn embed_tokens(&self, ids: &[u32]) -> Result<Tensor>;

@@ -24,6 +24,8 @@ const FAMILIES: &[Family] = &[
     Family { model_type: "qwen3_5", parse: super::qwen3_5::parse },
     Family { model_type: "gemma3", parse: super::gemma3::parse },
     Family { model_type: "llava_next", parse: super::llava_next::parse },
+    Family { model_type: "qwen2_5_omni", parse: super::qwen2_5_omni::parse },
+    Family { model_type: "qwen2_5_omni_thinker", parse: super::qwen2_5_omni::parse },
 ];
 
 pub fn supported_model_types() -> Vec<&'static str> {
@@ -62,6 +64,11 @@ pub fn spec(config: &Value) -> Result<ModelSpec> {
 /// Parameter counts from a config alone (no weights read).
 pub fn param_counts(config: &Value) -> Result<ParamCounts> {
     Ok(family(config)?.param_counts())
+}
+
+/// What the family says about how it reads the checkpoint (e.g. parts it does not load).
+pub fn notes(config: &Value) -> Result<Vec<String>> {
+    Ok(family(config)?.notes())
 }
 
 /// Reads and parses a config.json file.

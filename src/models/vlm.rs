@@ -9,8 +9,8 @@ use candle_core::{DType, Device, Tensor};
 use super::cache::StepCache;
 use super::decoder::Decoder;
 use super::media::{cat_kind, placeholder_rows, splice_features};
-use super::position::{mrope_index, sequential_index, PositionScheme, RopeParams};
-use super::{Deepstack, MediaGrid, Model, ModelSpec, ParamCounts, Positions, PromptInputs};
+use super::position::{mrope_index, sequential_index, tmrope_index, PositionScheme, RopeParams};
+use super::{AudioSpec, Deepstack, MediaGrid, Model, ModelSpec, ParamCounts, Positions, PromptInputs};
 use crate::weights::Weights;
 
 /// A family's vision tower, as the shared model drives it.
@@ -25,11 +25,22 @@ pub trait VisionEncoder: Send + Sync {
     }
 }
 
+/// A family's audio tower (Qwen2.5-Omni's Whisper-style encoder), as the shared model drives it.
+pub trait AudioEncoder: Send + Sync {
+    /// Features `[tokens, hidden]` of one clip's log-mel frames `[mels, frames]` (its valid
+    /// frames only: the feature extractor's padding to 30 s cut off).
+    fn encode(&self, mel: &Tensor) -> Result<Tensor>;
+}
+
 /// What a family's parsed config gives the registry: the model's spec and parameter counts
 /// without reading a weight, and the model built from a weight source.
 pub trait FamilyConfig {
     fn spec(&self) -> ModelSpec;
     fn param_counts(&self) -> ParamCounts;
+    /// What a user should know about how the checkpoint is read (parts not loaded, …).
+    fn notes(&self) -> Vec<String> {
+        vec![]
+    }
     fn build(&self, weights: Weights) -> Result<VisionLanguageModel>;
 }
 
@@ -40,6 +51,7 @@ pub struct VisionLanguageModel {
     positions: PositionScheme,
     spec: ModelSpec,
     prompt: PromptStyle,
+    audio: Option<(AudioSpec, Box<dyn AudioEncoder>)>,
 }
 
 /// A family's prompt conventions beyond its rope parameters.
@@ -63,7 +75,7 @@ impl VisionLanguageModel {
         let build = || -> Result<Self> {
             let text = text().context("text decoder")?;
             let vision = vision().context("vision tower")?;
-            Ok(VisionLanguageModel { text, vision, rope, positions: PositionScheme::MRope, spec, prompt: PromptStyle::default() })
+            Ok(VisionLanguageModel { text, vision, rope, positions: PositionScheme::MRope, spec, prompt: PromptStyle::default(), audio: None })
         };
         build().with_context(|| format!("checkpoint [{}] does not match its config.json", weights.describe()))
     }
@@ -71,6 +83,11 @@ impl VisionLanguageModel {
     /// The same model with other prompt conventions.
     pub fn with_prompt_style(self, prompt: PromptStyle) -> Self {
         VisionLanguageModel { prompt, ..self }
+    }
+
+    /// The same model hearing through `encoder` (its placeholder token and frame geometry in `spec`).
+    pub fn with_audio(self, spec: AudioSpec, encoder: Box<dyn AudioEncoder>) -> Self {
+        VisionLanguageModel { audio: Some((spec, encoder)), ..self }
     }
 
     /// Numbers prompt positions by `scheme` instead of M-RoPE (the default).
@@ -85,6 +102,7 @@ impl VisionLanguageModel {
         match self.positions {
             PositionScheme::MRope => mrope_index(ids, media, &self.rope),
             PositionScheme::Sequential => Ok(sequential_index(ids.len())),
+            PositionScheme::TmRope(tm) => tmrope_index(ids, media, &self.rope, &tm),
         }
     }
 
@@ -98,6 +116,30 @@ impl VisionLanguageModel {
 
     fn hidden(&self) -> usize {
         self.spec.hidden_size
+    }
+
+    /// `embeds` with the audio placeholders' rows replaced by the clips' features (in prompt
+    /// order, as transformers' `masked_scatter`).
+    fn splice_audio(&self, embeds: &Tensor, ids: &[u32], audio: &[Tensor]) -> Result<Tensor> {
+        let Some((spec, _)) = &self.audio else {
+            if !audio.is_empty() {
+                bail!("{} has no audio encoder, but {} audio clips were given", self.spec.model_type, audio.len());
+            }
+            return Ok(embeds.clone());
+        };
+        let placeholders = ids.iter().filter(|&&t| t == spec.token).count();
+        let rows = audio.iter().map(|a| a.dim(0)).sum::<candle_core::Result<usize>>()?;
+        if placeholders != rows {
+            bail!("the prompt has {placeholders} audio placeholder tokens but the {} audio clips give {rows} feature rows", audio.len());
+        }
+        if audio.is_empty() {
+            return Ok(embeds.clone());
+        }
+        if let Some(a) = audio.iter().find(|a| a.dim(1).ok() != Some(self.hidden())) {
+            bail!("audio features of width {:?}, expected the hidden size {}", a.dim(1).ok(), self.hidden());
+        }
+        // The audio token is the only kind spliced here; u32::MAX stands for "no second kind".
+        splice_features(embeds, ids, spec.token, u32::MAX, Some(&Tensor::cat(audio, 0)?), None)
     }
 
     /// DeepStack features of the prompt's placeholder rows, from each item's levels.
@@ -144,6 +186,24 @@ impl Model for VisionLanguageModel {
     }
 
     fn prepare_prompt(&self, ids: &[u32], media: &[MediaGrid], features: &[Tensor]) -> Result<PromptInputs> {
+        self.prepare_prompt_with_audio(ids, media, features, &[])
+    }
+
+    fn audio_spec(&self) -> Option<&AudioSpec> {
+        self.audio.as_ref().map(|(s, _)| s)
+    }
+
+    fn encode_audio(&self, mel: &Tensor) -> Result<Tensor> {
+        let Some((spec, encoder)) = &self.audio else { bail!("{} has no audio encoder", self.spec.model_type) };
+        let (mels, frames) = mel.dims2().context("log-mel features must be [mels, frames]")?;
+        // Fewer than 3 frames pool to no token at all.
+        if mels != spec.mel_bins || AudioSpec::tokens(frames) == 0 {
+            bail!("log-mel features of {mels} mels × {frames} frames: the audio encoder takes {} mels and at least 3 frames", spec.mel_bins);
+        }
+        encoder.encode(&mel.to_device(self.device())?)
+    }
+
+    fn prepare_prompt_with_audio(&self, ids: &[u32], media: &[MediaGrid], features: &[Tensor], audio: &[Tensor]) -> Result<PromptInputs> {
         if media.len() != features.len() {
             bail!("{} media items but {} feature tensors", media.len(), features.len());
         }
@@ -157,6 +217,7 @@ impl Model for VisionLanguageModel {
         let (img, vid) = (cat_kind(media, &main, false)?, cat_kind(media, &main, true)?);
         let text = self.text.embed(ids)?;
         let embeds = splice_features(&text, ids, self.rope.image_token, self.rope.video_token, img.as_ref(), vid.as_ref())?;
+        let embeds = self.splice_audio(&embeds, ids, audio)?;
         let deepstack = self.deepstack(ids, features)?;
         Ok(PromptInputs { embeds, positions, rope_delta, deepstack, bidirectional: self.bidirectional(ids) })
     }

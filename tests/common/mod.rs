@@ -37,6 +37,7 @@ pub fn tiny_dir(family: &str) -> PathBuf {
         "qwen3_5" => "tiny-qwen3_5",
         "llava_next" => "tiny-llava-next",
         "gemma3" => "tiny-gemma3",
+        "qwen2_5_omni" => "tiny-qwen2_5-omni",
         other => panic!("unknown family {other}"),
     })
 }

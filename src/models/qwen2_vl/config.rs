@@ -188,26 +188,7 @@ impl Config {
             "qwen2_5_vl" => Variant::Qwen25Vl,
             other => bail!("model_type {other:?} is not a Qwen2-VL family config (qwen2_vl, qwen2_5_vl)"),
         };
-        // Text fields: top level, overridden by a nested text_config when present.
-        let mut text_obj = root.as_object().context("config is not a JSON object")?.clone();
-        if let Some(Value::Object(nested)) = root.get("text_config") {
-            for (k, v) in nested {
-                text_obj.insert(k.clone(), v.clone());
-            }
-        }
-        let mrope = text_obj
-            .get("rope_scaling")
-            .and_then(|r| r.get("mrope_section"))
-            .cloned()
-            .context("missing rope_scaling.mrope_section (M-RoPE sections)")?;
-        text_obj.insert("mrope_section".into(), mrope);
-        if !text_obj.contains_key("num_key_value_heads") {
-            if let Some(h) = text_obj.get("num_attention_heads").cloned() {
-                text_obj.insert("num_key_value_heads".into(), h);
-            }
-        }
-        let text: TextConfig = serde_path_to_error::deserialize(Value::Object(text_obj.clone()))
-            .map_err(|e| anyhow::anyhow!("text model field {}: {}", e.path(), e.inner()))?;
+        let (text, text_obj) = parse_text(root)?;
         let vision_val = root.get("vision_config").context("missing \"vision_config\"")?;
         let vision = parse_vision(variant, vision_val, text.hidden_size).context("vision_config")?;
 
@@ -277,7 +258,34 @@ impl Config {
     }
 }
 
-fn parse_vision(variant: Variant, v: &Value, text_hidden: usize) -> Result<VisionConfig> {
+/// The text model of a Qwen2-style config (also Qwen2.5-Omni's thinker): its fields at the top
+/// level, overridden by a nested `text_config` when present. Returns the config and the merged
+/// fields (where the token ids are looked up).
+pub fn parse_text(root: &Value) -> Result<(TextConfig, serde_json::Map<String, Value>)> {
+    let mut text_obj = root.as_object().context("config is not a JSON object")?.clone();
+    if let Some(Value::Object(nested)) = root.get("text_config") {
+        for (k, v) in nested {
+            text_obj.insert(k.clone(), v.clone());
+        }
+    }
+    let mrope = text_obj
+        .get("rope_scaling")
+        .and_then(|r| r.get("mrope_section"))
+        .cloned()
+        .context("missing rope_scaling.mrope_section (M-RoPE sections)")?;
+    text_obj.insert("mrope_section".into(), mrope);
+    if !text_obj.contains_key("num_key_value_heads") {
+        if let Some(h) = text_obj.get("num_attention_heads").cloned() {
+            text_obj.insert("num_key_value_heads".into(), h);
+        }
+    }
+    let text: TextConfig = serde_path_to_error::deserialize(Value::Object(text_obj.clone()))
+        .map_err(|e| anyhow::anyhow!("text model field {}: {}", e.path(), e.inner()))?;
+    Ok((text, text_obj))
+}
+
+/// A `vision_config` of either variant (Qwen2.5-Omni's tower is Qwen2.5-VL's).
+pub fn parse_vision(variant: Variant, v: &Value, text_hidden: usize) -> Result<VisionConfig> {
     // A present but malformed value (negative, fractional, a string) is named as such, not
     // reported as missing or silently replaced by the default.
     let field = |key: &str| -> Result<Option<usize>> {
