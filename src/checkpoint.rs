@@ -78,7 +78,7 @@ impl Checkpoint {
     pub fn load_with(files: ModelFiles, device: &Device, opts: &LoadOptions) -> Result<Self> {
         let config = models::registry::read_config(&files.config)?;
         let dtype = opts.dtype.unwrap_or_else(|| crate::weights::default_dtype(device));
-        let prec = crate::plan::Precision { dense_bytes: dtype.size_in_bytes() as f64, quant: opts.quant, quant_vision: opts.quant_vision };
+        let prec = crate::plan::Precision { dense_bytes: dtype.size_in_bytes() as f64, quant: opts.quant, quant_vision: opts.quant_vision, kv_q8: false };
         let what = || format!("loading model {} ({})", files.source, files.config.display());
         let spec = models::registry::spec(&config).with_context(what)?;
         let params = models::registry::param_counts(&config).with_context(what)?;

@@ -151,6 +151,18 @@ pub fn window_blocks(window: usize, block_size: usize) -> usize {
     window.saturating_sub(1).div_ceil(block_size.max(1)) + 2
 }
 
+/// Bytes of one K (or V) row of `width` values stored as 8-bit codes: a byte a value and an
+/// f16 scale per 32 values (per head where 32 does not divide the row). The engine's pool and
+/// `merg plan` both count it.
+pub fn q8_row_bytes(width: usize, head_dim: usize) -> u64 {
+    (width + 2 * width / q8_group(width, head_dim)) as u64
+}
+
+/// Values sharing one scale in an 8-bit K/V row.
+pub fn q8_group(width: usize, head_dim: usize) -> usize {
+    if width.is_multiple_of(32) { 32 } else { head_dim.max(1) }
+}
+
 /// Memory kept back from the K/V cache for activations, workspace and the runtime.
 pub const DEFAULT_RESERVE: u64 = 3 << 29;
 

@@ -19,6 +19,8 @@ pub struct Precision {
     pub quant: Option<Quant>,
     /// The vision tower quantized too (`--quant-vision`).
     pub quant_vision: bool,
+    /// K/V stored as 8-bit codes (`--kv-dtype q8`) instead of `dense_bytes` a value.
+    pub kv_q8: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -108,7 +110,11 @@ pub fn plan(p: &ParamCounts, spec: &ModelSpec, prec: Precision, budget: Budget, 
 /// As `plan`, for weights whose load is known (GGUF files: `gguf::load_cost`).
 pub fn plan_with_load(p: &ParamCounts, spec: &ModelSpec, prec: Precision, load: LoadCost, budget: Budget, context: usize, dialogues: u64) -> Plan {
     let (text, vision, reserve) = (load.text_bytes, load.vision_bytes, budget.reserve);
-    let row = 2 * (spec.num_kv_heads * spec.head_dim) as u64 * prec.dense_bytes as u64;
+    let width = spec.num_kv_heads * spec.head_dim;
+    let row = 2 * match prec.kv_q8 {
+        true => crate::memory::q8_row_bytes(width, spec.head_dim),
+        false => width as u64 * prec.dense_bytes as u64,
+    };
     let kv = spec.num_global_layers() as u64 * row;
     // Sliding layers: a window's blocks per sequence and one step's tokens, as the engine's
     // pool split counts them (no more than the context itself needs).
@@ -207,7 +213,7 @@ mod tests {
         .unwrap();
         use crate::models::FamilyConfig;
         let (spec, p) = (c.spec(), c.param_counts());
-        let prec = Precision { dense_bytes: 2.0, quant: Some(Quant::Q4K), quant_vision: false };
+        let prec = Precision { dense_bytes: 2.0, quant: Some(Quant::Q4K), quant_vision: false, kv_q8: false };
         let budget = Budget { device: 24 << 30, host: None, reserve: DEFAULT_RESERVE };
         let plan = plan(&p, &spec, prec, budget, 4096, 8);
         let row = 2 * 8 * 256 * 2;

@@ -335,7 +335,8 @@ fn forcing_a_level_the_machine_lacks_warns_and_runs() {
 
 /// The paper's Table 5 backbones beyond the Qwen families: the Gemma 3 configs in models/ count
 /// the published parameters (4,300,079,472; 12,187,325,040; 27,432,406,640), Gemma 3 12B at 4 bits
-/// holds 8 dialogues of 4k tokens on a 24 GiB card, and `bench-agents` runs the five-agent
+/// holds 8 dialogues of 4k tokens on a 24 GiB card (LLaVA 13B with the 8-bit K/V cache), and
+/// `bench-agents` runs the five-agent
 /// workload on the tiny LLaVA-NeXT and Gemma 3 checkpoints.
 #[test]
 fn gemma3_and_llava_next_plan_and_bench_agents() {
@@ -352,6 +353,17 @@ fn gemma3_and_llava_next_plan_and_bench_agents() {
             assert_eq!(r["fits"], true, "{name} at q4k, 8 × 4096 on 24 GiB: {r}");
         }
     }
+    // LLaVA 13B at 4 bits: 8 × 4096 tokens of its 40 full-width layers' K/V take 25 GiB in
+    // bf16, more than the card; the 8-bit cache (425 KiB a token) fits them.
+    let llava = root.join("models/llava-v1.6-vicuna-13b.json");
+    let fits = |kv: &str| {
+        let o = merg(&["plan", "--config", llava.to_str().unwrap(), "--memory", "24GiB", "--quant", "q4k", "--kv-dtype", kv, "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["fits"].clone()
+    };
+    assert_eq!((fits("auto"), fits("q8")), (serde_json::json!(false), serde_json::json!(true)), "LLaVA 13B q4k on 24 GiB");
+    let bad = merg(&["plan", "--config", llava.to_str().unwrap(), "--memory", "24GiB", "--kv-dtype", "fp4"]);
+    assert!(!bad.status.success() && stderr(&bad).contains("--kv-dtype fp4: must be auto or q8"), "{}", stderr(&bad));
     for family in ["llava_next", "gemma3"] {
         let o = merg(&[
             "bench-agents", "--model", &model(family), "--dialogues", "2", "--new-tokens", "2", "--keyframes", "2",

@@ -625,3 +625,36 @@ fn gemma3_prefix_hit_is_cut_to_what_the_sliding_group_holds() {
     assert_eq!((first.cached_tokens, cut.cached_tokens, again.cached_tokens), (0, 0, 56));
     assert_eq!((&cut.tokens, &again.tokens), (&first.tokens, &first.tokens));
 }
+
+/// The 8-bit K/V cache (`kv_dtype: q8`, llama.cpp's q8_0 idea): the same bytes hold over 3.5×
+/// the f32 blocks (Gemma 3's global group more, as its sliding share stays fixed); the prefix
+/// cache changes no token (a cached block holds exactly what recomputing it writes); and the
+/// model barely moves: on 12 mixed requests (prefill and decode both read the codes) the first
+/// tokens agree and their log-probs stay within 0.1 of the f32 cache's (measured 5.4e-2 for
+/// Qwen2.5-VL, 2.3e-2 for Gemma 3, on tiny random models whose logits are near-flat).
+#[test]
+fn q8_kv_cache_holds_more_and_changes_little() {
+    use merg::engine::KvDtype;
+    for family in ["qwen2_5_vl", "gemma3"] {
+        let run = |kv_dtype: KvDtype, prefix_caching: bool| {
+            let cfg = EngineConfig { kv_memory: KvMemory::Bytes(16 << 20), prefix_caching, kv_dtype, ..Default::default() };
+            let mut e = Engine::new(runtime(family), cfg).unwrap();
+            let out = e.run_all((0..12).map(|i| mixed_request(i, 6)).collect());
+            (out, e.stats())
+        };
+        let (f32_out, f32_stats) = run(KvDtype::Auto, true);
+        let (q8_out, q8_stats) = run(KvDtype::Q8, true);
+        let (q8_off, _) = run(KvDtype::Q8, false);
+        assert_eq!(tokens(&q8_out), tokens(&q8_off), "{family}: q8 cache on = off");
+        let ratio = q8_stats.num_blocks as f64 / f32_stats.num_blocks as f64;
+        assert!(ratio > 3.5, "{family}: {} q8 blocks vs {} f32 blocks in the same bytes", q8_stats.num_blocks, f32_stats.num_blocks);
+        let mut worst = 0f32;
+        for (a, b) in f32_out.iter().zip(&q8_out) {
+            let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+            assert_eq!(a.tokens[0], b.tokens[0], "{family}: first token");
+            worst = worst.max((a.logprobs[0] - b.logprobs[0]).abs());
+        }
+        println!("{family}: q8 K/V: {ratio:.2}× the blocks, first-token log-prob moved at most {worst:.2e}");
+        assert!(worst <= 0.1, "{family}: {worst}");
+    }
+}

@@ -46,6 +46,10 @@ pub struct EngineArgs {
     /// Context window in tokens (default: the model's own, max_position_embeddings).
     #[arg(long)]
     max_context: Option<usize>,
+    /// How the KV cache stores K and V: auto (the model's dtype) or q8 (8-bit codes with one
+    /// scale per 32 values, like llama.cpp's q8_0 cache: about half of bf16's memory).
+    #[arg(long, default_value = "auto")]
+    kv_dtype: String,
 }
 
 impl EngineArgs {
@@ -63,6 +67,7 @@ impl EngineArgs {
                 None => None,
             },
             max_context: self.max_context,
+            kv_dtype: self.kv_dtype.parse()?,
             ..Default::default()
         };
         cfg.validate(None)?;

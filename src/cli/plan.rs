@@ -34,6 +34,9 @@ pub struct PlanArgs {
     /// Tokens of each dialogue's context.
     #[arg(long, default_value_t = 4096)]
     context: usize,
+    /// How the KV cache stores K and V, as the engine's --kv-dtype: auto (--dtype) or q8.
+    #[arg(long, default_value = "auto")]
+    kv_dtype: String,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -69,7 +72,8 @@ pub fn cmd_plan(a: PlanArgs) -> Result<()> {
     let reserve = merg::engine::parse_bytes(&a.reserve).map_err(|e| anyhow::anyhow!("--reserve: {e:#}"))?;
     let host = a.host_memory.as_deref().map(merg::engine::parse_bytes).transpose().map_err(|e| anyhow::anyhow!("--host-memory: {e:#}"))?;
     let budget = Budget { device: budget, host, reserve };
-    let prec = Precision { dense_bytes, quant, quant_vision: a.model.quant_vision };
+    let kv_q8 = a.kv_dtype.parse::<merg::engine::KvDtype>()? == merg::engine::KvDtype::Q8;
+    let prec = Precision { dense_bytes, quant, quant_vision: a.model.quant_vision, kv_q8 };
     let p = match gguf_weights.filter(|_| quant.is_none()) {
         Some(w) => plan_with_load(&params, &spec, prec, w, budget, a.context, a.dialogues),
         None => plan(&params, &spec, prec, budget, a.context, a.dialogues),

@@ -12,6 +12,7 @@ use serde::Serialize;
 use super::block_manager::{BlockManager, CacheStats};
 use super::error::{too_big, EngineError, EngineResult};
 use super::kv_pool::{num_blocks_for, KvMemory, KvPool, GLOBAL, SLIDING};
+use super::kv_store::{KvDtype, KvStore};
 use super::paged_attention::{PagedStep, RunSlots, SeqRun};
 use super::sliding::SlidingGroup;
 use super::request::{check_prompt_len, placeholder_keys, ChatRequest, PreparedMedia, PreparedRequest, RequestPreparer};
@@ -36,6 +37,8 @@ pub struct EngineConfig {
     /// Hybrid models: bytes for live recurrent states (one slot per running sequence) and,
     /// as much again, for prefix-cache snapshots. Default: a quarter of the KV pool's bytes.
     pub state_memory: Option<u64>,
+    /// How K/V rows are stored: the model's dtype, or 8-bit codes (about half of bf16).
+    pub kv_dtype: KvDtype,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +51,7 @@ impl Default for EngineConfig {
             vision_cache_entries: 64,
             max_context: None,
             state_memory: None,
+            kv_dtype: KvDtype::Auto,
         }
     }
 }
@@ -163,18 +167,19 @@ impl Engine {
         let spec = model.spec();
         cfg.validate(Some(spec.max_context))?;
         let max_tokens = (cfg.scheduler.max_num_seqs as u64).saturating_mul(cfg.max_context.unwrap_or(spec.max_context) as u64);
-        let n = num_blocks_for(&cfg.kv_memory, spec, cfg.block_size, model.dtype(), model.device(), max_tokens)?;
+        let store = KvStore::resolve(cfg.kv_dtype, model.dtype());
+        let n = num_blocks_for(&cfg.kv_memory, spec, cfg.block_size, store, model.device(), max_tokens)?;
         let max_context = cfg.max_context.unwrap_or(spec.max_context);
         // `n` blocks of every layer's K/V: the budget the two pool groups share.
         let load = super::kv_pool::Load { max_seqs: cfg.scheduler.max_num_seqs, step_tokens: cfg.scheduler.max_step_tokens, context: max_context };
-        let groups = super::kv_pool::split(n as u64 * super::kv_pool::bytes_per_block(spec, cfg.block_size, model.dtype()), &cfg.kv_memory, spec, cfg.block_size, model.dtype(), load)?;
-        let pool = KvPool::new(spec, groups, cfg.block_size, model.dtype(), model.device()).context("allocating the KV pool")?;
+        let groups = super::kv_pool::split(n as u64 * super::kv_pool::bytes_per_block(spec, cfg.block_size, store), &cfg.kv_memory, spec, cfg.block_size, store, load)?;
+        let pool = KvPool::new(spec, groups, cfg.block_size, store, model.device()).context("allocating the KV pool")?;
         let sliding = spec.sliding_window().map(|w| SlidingGroup::new(groups[SLIDING], cfg.block_size, cfg.prefix_caching, w));
         let vision_cache = Arc::new(Mutex::new(VisionCache::new(cfg.vision_cache_entries)));
         let preparer = RequestPreparer::new(ckpt.processor.clone(), vision_cache.clone(), ckpt.tokenizer_json.clone(), max_context);
         // K/V blocks alone cannot restore a recurrent layer's state: a hybrid model's cached
         // prefixes also need its state snapshots (kept only while prefix caching is on).
-        let (states, scheduler_cfg) = state_budget(&cfg, spec, n as u64 * crate::engine::kv_pool::bytes_per_block(spec, cfg.block_size, model.dtype()))?;
+        let (states, scheduler_cfg) = state_budget(&cfg, spec, n as u64 * crate::engine::kv_pool::bytes_per_block(spec, cfg.block_size, store))?;
         let prefix_caching = cfg.prefix_caching;
         let states = states.filter(|_| prefix_caching);
         Ok(Engine {
@@ -240,13 +245,14 @@ impl Engine {
     /// The KV pool's size, for start-up logs.
     pub fn kv_summary(&self) -> String {
         let ([blocks, window], bs) = (self.pool.num_blocks, self.pool.block_size);
-        let [g, s] = crate::engine::kv_pool::group_bytes_per_block(self.model.spec(), bs, self.model.dtype());
+        let [g, s] = crate::engine::kv_pool::group_bytes_per_block(self.model.spec(), bs, self.pool.store());
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let sliding = match window {
             0 => String::new(),
             _ => format!(" + {window} blocks of the sliding-window layers ({:.2} GiB)", gib(window as u64 * s)),
         };
-        format!("KV cache: {blocks} blocks of {bs} tokens ({:.2} GiB, {} tokens){sliding}", gib(blocks as u64 * g), blocks * bs)
+        let q8 = if self.pool.store() == KvStore::Q8 { ", 8-bit" } else { "" };
+        format!("KV cache: {blocks} blocks of {bs} tokens ({:.2} GiB, {} tokens{q8}){sliding}", gib(blocks as u64 * g), blocks * bs)
     }
 
     /// Blocks a request in flight holds in each pool group (global, sliding).

@@ -7,10 +7,12 @@
 //! The block manager decides which slots a sequence owns; this file only moves tensors.
 //! Writes are in place (`scatter_set`), reads gather a sequence's slots into a dense tensor
 //! for attention (custom paged kernels can replace the gather later, behind the same API).
+//! Rows are stored in the model's dtype or as 8-bit codes (`kv_store`).
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 
+use super::kv_store::{KvStore, Rows};
 use crate::models::{LayerKind, ModelSpec};
 
 /// The pool group of global attention layers.
@@ -28,8 +30,9 @@ fn group_of(kind: &LayerKind) -> Option<usize> {
 }
 
 pub struct KvPool {
-    k: Vec<Tensor>,
-    v: Vec<Tensor>,
+    k: Vec<Rows>,
+    v: Vec<Rows>,
+    store: KvStore,
     /// Model layer → (index into `k`/`v`, group, window) (None for layers without K/V).
     slot_of_layer: Vec<Option<(usize, usize, Option<usize>)>>,
     pub block_size: usize,
@@ -107,14 +110,14 @@ impl std::fmt::Display for KvMemory {
 
 /// Bytes of K+V one block takes across all attention layers (what a block costs when every
 /// layer keeps every token: the unit `KvMemory::Blocks` counts in).
-pub fn bytes_per_block(spec: &ModelSpec, block_size: usize, dtype: DType) -> u64 {
-    let [g, s] = group_bytes_per_block(spec, block_size, dtype);
+pub fn bytes_per_block(spec: &ModelSpec, block_size: usize, store: KvStore) -> u64 {
+    let [g, s] = group_bytes_per_block(spec, block_size, store);
     g + s
 }
 
 /// Bytes of K+V one block of each group takes (its layers only).
-pub fn group_bytes_per_block(spec: &ModelSpec, block_size: usize, dtype: DType) -> [u64; 2] {
-    let per_layer = 2 * block_size as u64 * spec.num_kv_heads as u64 * spec.head_dim as u64 * dtype.size_in_bytes() as u64;
+pub fn group_bytes_per_block(spec: &ModelSpec, block_size: usize, store: KvStore) -> [u64; 2] {
+    let per_layer = 2 * block_size as u64 * store.row_bytes(spec.num_kv_heads * spec.head_dim, spec.head_dim);
     [spec.num_global_layers() as u64 * per_layer, spec.num_sliding_layers() as u64 * per_layer]
 }
 
@@ -148,9 +151,9 @@ pub const ASSUMED_WINDOWS: usize = 4;
 /// waits) as it does whichever group is short. Neither group gets more than it could ever use
 /// (`max_seqs × context` tokens for the global one). `mem` is the setting the budget came
 /// from, named when it is too small.
-pub fn split(bytes: u64, mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype: DType, load: Load) -> Result<[usize; 2]> {
+pub fn split(bytes: u64, mem: &KvMemory, spec: &ModelSpec, block_size: usize, store: KvStore, load: Load) -> Result<[usize; 2]> {
     let bs = block_size.max(1) as u64;
-    let [g, s] = group_bytes_per_block(spec, block_size, dtype);
+    let [g, s] = group_bytes_per_block(spec, block_size, store);
     let max_global = (load.max_seqs as u64).saturating_mul(load.context as u64).div_ceil(bs).max(1);
     let Some(window) = spec.sliding_window().filter(|_| s > 0) else {
         return Ok([(bytes / g.max(1)).min(max_global) as usize, 0]);
@@ -179,9 +182,9 @@ pub fn split(bytes: u64, mem: &KvMemory, spec: &ModelSpec, block_size: usize, dt
 
 /// `max_tokens`: the most tokens the scheduler could ever hold at once (sequences × context),
 /// which caps the automatic size.
-pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype: DType, device: &Device, max_tokens: u64) -> Result<usize> {
+pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, store: KvStore, device: &Device, max_tokens: u64) -> Result<usize> {
     // A model without attention layers needs no pool; one block keeps the bookkeeping uniform.
-    let per = bytes_per_block(spec, block_size, dtype).max(1);
+    let per = bytes_per_block(spec, block_size, store).max(1);
     let n = match mem {
         KvMemory::Auto => {
             let avail = crate::memory::available_memory(device)?;
@@ -219,7 +222,7 @@ pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, dtype
 
 impl KvPool {
     /// `num_blocks`: blocks of each group (`split`).
-    pub fn new(spec: &ModelSpec, num_blocks: [usize; 2], block_size: usize, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn new(spec: &ModelSpec, num_blocks: [usize; 2], block_size: usize, store: KvStore, device: &Device) -> Result<Self> {
         let (kvh, d) = (spec.num_kv_heads, spec.head_dim);
         let n = spec.num_attention_layers();
         let (mut k, mut v) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -231,10 +234,10 @@ impl KvPool {
             };
             slot_of_layer.push(Some((k.len(), g, kind.window())));
             let slots = num_blocks[g] * block_size;
-            k.push(Tensor::zeros((slots, kvh * d), dtype, device)?);
-            v.push(Tensor::zeros((slots, kvh * d), dtype, device)?);
+            k.push(Rows::zeros(slots, kvh * d, d, store, device)?);
+            v.push(Rows::zeros(slots, kvh * d, d, store, device)?);
         }
-        Ok(KvPool { k, v, slot_of_layer, block_size, num_blocks, kv_heads: kvh, head_dim: d })
+        Ok(KvPool { k, v, store, slot_of_layer, block_size, num_blocks, kv_heads: kvh, head_dim: d })
     }
 
     /// The pool group of `layer`, checked against the window the layer attends with: the
@@ -267,26 +270,36 @@ impl KvPool {
         let n = k.dim(0)?;
         let w = self.kv_heads * self.head_dim;
         let l = self.slot(layer)?;
-        let dtype = self.k[l].dtype();
-        self.k[l].scatter_set(index, &k.reshape((n, w))?.to_dtype(dtype)?.contiguous()?, 0)?;
-        self.v[l].scatter_set(index, &v.reshape((n, w))?.to_dtype(dtype)?.contiguous()?, 0)?;
+        self.k[l].set(index, &k.reshape((n, w))?)?;
+        self.v[l].set(index, &v.reshape((n, w))?)?;
         Ok(())
     }
 
-    /// The layer's whole K and V stores, `[slots, kv_heads·d]`, and the K/V head count (for
-    /// kernels that read slots in place).
-    pub fn layer(&self, layer: usize) -> Result<(&Tensor, &Tensor, usize)> {
+    /// The layer's whole K and V stores, `[slots, kv_heads·d]`, for kernels that read slots in
+    /// place; None when the rows are 8-bit codes (those are gathered and dequantized).
+    pub fn layer(&self, layer: usize) -> Result<Option<(&Tensor, &Tensor)>> {
         let l = self.slot(layer)?;
-        Ok((&self.k[l], &self.v[l], self.kv_heads))
+        Ok(self.k[l].float().zip(self.v[l].float()))
+    }
+
+    /// K/V heads of every layer.
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads
+    }
+
+    /// How rows are stored.
+    pub fn store(&self) -> KvStore {
+        self.store
     }
 
     /// K and V of the given slots, `[S, kv_heads, d]` each.
-    pub fn gather(&self, layer: usize, slots: &Tensor) -> Result<(Tensor, Tensor)> {
+    /// Codes come back in `dtype` (the layer's compute dtype); float rows as they are stored.
+    pub fn gather(&self, layer: usize, slots: &Tensor, dtype: DType) -> Result<(Tensor, Tensor)> {
         let s = slots.dim(0)?;
         let shape = (s, self.kv_heads, self.head_dim);
         let l = self.slot(layer)?;
-        let k = self.k[l].index_select(slots, 0)?.reshape(shape)?;
-        let v = self.v[l].index_select(slots, 0)?.reshape(shape)?;
+        let k = self.k[l].select(slots, dtype)?.reshape(shape)?;
+        let v = self.v[l].select(slots, dtype)?.reshape(shape)?;
         Ok((k, v))
     }
 
@@ -331,14 +344,14 @@ mod tests {
         };
         let hybrid = spec(vec![rec.clone(), rec.clone(), rec, LayerKind::Attention]);
         let dense = spec(vec![LayerKind::Attention; 4]);
-        assert_eq!(bytes_per_block(&dense, 16, DType::F32), 4 * bytes_per_block(&hybrid, 16, DType::F32));
-        let mem = KvMemory::Bytes(bytes_per_block(&dense, 16, DType::F32) * 10);
-        assert_eq!(num_blocks_for(&mem, &hybrid, 16, DType::F32, &Device::Cpu, u64::MAX).unwrap(), 40);
+        assert_eq!(bytes_per_block(&dense, 16, KvStore::Float(DType::F32)), 4 * bytes_per_block(&hybrid, 16, KvStore::Float(DType::F32)));
+        let mem = KvMemory::Bytes(bytes_per_block(&dense, 16, KvStore::Float(DType::F32)) * 10);
+        assert_eq!(num_blocks_for(&mem, &hybrid, 16, KvStore::Float(DType::F32), &Device::Cpu, u64::MAX).unwrap(), 40);
         // Auto never exceeds what the scheduler could hold.
-        let per_token = bytes_per_block(&dense, 16, DType::F32) / 16;
+        let per_token = bytes_per_block(&dense, 16, KvStore::Float(DType::F32)) / 16;
         assert_eq!("auto".parse::<KvMemory>().unwrap(), KvMemory::Auto);
-        assert_eq!(num_blocks_for(&KvMemory::Auto, &dense, 16, DType::F32, &Device::Cpu, 160).unwrap(), 10, "{per_token}");
-        let pool = KvPool::new(&hybrid, [4, 0], 16, DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(num_blocks_for(&KvMemory::Auto, &dense, 16, KvStore::Float(DType::F32), &Device::Cpu, 160).unwrap(), 10, "{per_token}");
+        let pool = KvPool::new(&hybrid, [4, 0], 16, KvStore::Float(DType::F32), &Device::Cpu).unwrap();
         assert_eq!(pool.num_layers(), 1);
         let (k, v) = (Tensor::ones((2, 2, 4), DType::F32, &Device::Cpu).unwrap(), Tensor::ones((2, 2, 4), DType::F32, &Device::Cpu).unwrap());
         let idx = pool.write_index(&[0, 1], &Device::Cpu).unwrap();
@@ -368,7 +381,7 @@ mod tests {
             special: SpecialIds { image: 1, video: 2, vision_start: 3, vision_end: 4, eos: vec![] },
             vision: None,
         };
-        let (bs, dt) = (16, DType::BF16);
+        let (bs, dt) = (16, KvStore::Float(DType::BF16));
         let all = bytes_per_block(&spec, bs, dt);
         let budget = all * 8 * 4096 / 16;
         let load = Load { max_seqs: 64, step_tokens: 2048, context: 4096 };

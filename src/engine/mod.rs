@@ -24,6 +24,7 @@ pub mod engine;
 pub mod error;
 pub mod handle;
 pub mod kv_pool;
+pub mod kv_store;
 pub mod paged_attention;
 mod ranking;
 pub mod request;
@@ -38,5 +39,6 @@ pub use engine::{Completion, Engine, EngineConfig, EngineStats, StepOutput, Time
 pub use error::{EngineError, EngineResult};
 pub use handle::{EngineHandle, EngineThread, Event, RequestId, RequestStream, StreamEnded};
 pub use kv_pool::{parse_bytes, KvMemory};
+pub use kv_store::KvDtype;
 pub use request::{ChatRequest, PreparedRequest, RequestPreparer};
 pub use scheduler::SchedulerConfig;

@@ -154,9 +154,9 @@ impl PagedStep<'_> {
                 cell.get_or_init(|| b)
             }
         };
-        let (r, kvh) = (self.runs.len(), self.pool.layer(layer).map_err(candle_core::Error::wrap)?.2);
+        let (r, kvh) = (self.runs.len(), self.pool.kv_heads());
         let g = h / kvh;
-        let (k, v) = self.pool.gather(layer, &b.slots).map_err(candle_core::Error::wrap)?;
+        let (k, v) = self.pool.gather(layer, &b.slots, q.dtype()).map_err(candle_core::Error::wrap)?;
         let kv = |x: Tensor| x.reshape((r, b.lmax, kvh, d))?.permute((0, 2, 1, 3))?.contiguous(); // [R, KV, L, d]
         let (k, v) = (kv(k)?, kv(v)?);
         // [R, KV, G·Qmax, d]: each kv head serves its group of query heads.
@@ -193,8 +193,10 @@ impl StepCache for PagedStep<'_> {
             }
         }
         let mut decoded = None;
-        if !one.is_empty() {
-            let (kp, vp, kv_heads) = self.pool.layer(layer).map_err(candle_core::Error::wrap)?;
+        // 8-bit rows have no in-place kernel: their decodes gather like prefill runs.
+        let stores = self.pool.layer(layer).map_err(candle_core::Error::wrap)?;
+        if let (false, Some((kp, vp))) = (one.is_empty(), stores) {
+            let kv_heads = self.pool.kv_heads();
             let slots = |i: usize| &self.runs[i].groups[group].as_ref().expect("checked by decodes").slots;
             let queries: Vec<_> = one.iter().map(|&(i, at)| crate::cpu::attention::Query { slots: &slots(i)[at..] }).collect();
             let qd = match one.len() == self.runs.len() {
@@ -219,7 +221,7 @@ impl StepCache for PagedStep<'_> {
                 _ => {
                     let (vis, past) = (r.visibility(window), r.past());
                     let (at, g) = r.keys(group, window)?;
-                    let (kc, vc) = self.pool.gather(layer, &g.tensor.narrow(0, at, g.slots.len() - at)?).map_err(candle_core::Error::wrap)?;
+                    let (kc, vc) = self.pool.gather(layer, &g.tensor.narrow(0, at, g.slots.len() - at)?, q.dtype()).map_err(candle_core::Error::wrap)?;
                     outs.push(masked_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, scale, Keys { past, first: g.first + at }, &vis)?);
                 }
             }
@@ -249,6 +251,7 @@ mod tests {
     use super::*;
     use crate::layers::causal_gqa;
     use crate::models::{LayerKind, ModelSpec, SpecialIds};
+    use super::super::kv_store::KvStore;
     use candle_core::{DType, Device};
 
     /// One attention layer's pool of 8 blocks of 4 slots (2 kv heads of 8), every slot holding
@@ -266,7 +269,7 @@ mod tests {
             vision: None,
         };
         let dev = Device::Cpu;
-        let pool = KvPool::new(&spec, [8, 8], 4, DType::F32, &dev)?;
+        let pool = KvPool::new(&spec, [8, 8], 4, KvStore::Float(DType::F32), &dev)?;
         let all: Vec<u32> = (0..32).collect();
         let (k, v) = (crate::testing::randn(kv.0, (32, 2, 8), 1.0)?, crate::testing::randn(kv.1, (32, 2, 8), 1.0)?);
         pool.write(0, &pool.write_index(&all, &dev)?, &k, &v)?;
@@ -290,7 +293,7 @@ mod tests {
         let q = crate::testing::randn(3, (start, 4, 8), 1.0)?;
         let mut want = vec![];
         for r in &runs {
-            let (kc, vc) = pool.gather(0, &r.groups[0].as_ref().unwrap().tensor)?;
+            let (kc, vc) = pool.gather(0, &r.groups[0].as_ref().unwrap().tensor, DType::F32)?;
             want.push(causal_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, 0.35)?);
         }
         let want = Tensor::cat(&want, 0)?;
@@ -318,7 +321,7 @@ mod tests {
         let (mut runs, mut want, mut start) = (vec![], vec![], 0);
         for (slots, len, spans, first) in contexts {
             let past = slots.len() - len;
-            let (kc, vc) = pool.gather(0, &Tensor::new(slots.as_slice(), &dev)?)?;
+            let (kc, vc) = pool.gather(0, &Tensor::new(slots.as_slice(), &dev)?, DType::F32)?;
             let vis = Visibility { window, spans: &spans };
             want.push(masked_gqa(&q.narrow(0, start, len)?, &kc, &vc, 0.35, Keys { past, first: 0 }, &vis)?);
             runs.push(SeqRun { start, len, past, groups: [None, Some(RunSlots::new(first, slots[first..].to_vec(), &dev)?)], recurrent: vec![], spans });
