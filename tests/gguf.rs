@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
+use common::gguf::{gguf, max_diff, shards};
 use common::{fixtures, tiny_dir};
 use merg::chat::{ContentPart, Message};
 use merg::checkpoint::LoadOptions;
@@ -21,21 +22,6 @@ use merg::Checkpoint;
 
 /// Families with GGUF fixtures: (model_type, fixture folder).
 const FAMILIES: [(&str, &str); 4] = [("qwen2_vl", "qwen2-vl"), ("qwen2_5_vl", "qwen2_5-vl"), ("qwen3_vl", "qwen3-vl"), ("qwen3_5", "qwen3_5")];
-
-fn gguf(dir: &str, kind: &str) -> GgufPaths {
-    let base = fixtures().join("gguf").join(dir);
-    GgufPaths::new(base.join(format!("tiny-{dir}-{kind}.gguf")), Some(base.join(format!("mmproj-tiny-{dir}-f32.gguf"))))
-}
-
-fn shards(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "safetensors")).collect();
-    v.sort();
-    v
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
-}
 
 /// The hub checkpoint of a family. Qwen2.5-VL's window size is not in GGUF (llama.cpp assumes
 /// the released 112); the tiny checkpoint's 56 is set to 112 in a copy so both describe the

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
+use common::gguf::{gguf, max_diff, shards};
 use common::{fixtures, golden, ids_i64, tiny_dir};
 use merg::generate::{forward_logits, prepare, SamplingParams, VisionInput};
 use merg::gguf::{GgufFile, GgufPaths};
@@ -21,21 +22,6 @@ use merg::weights::{index_shards, Expect, SafetensorsWeights, WeightSource, Weig
 
 /// (model_type, fixture folder).
 const FAMILIES: [(&str, &str); 2] = [("gemma3", "gemma3"), ("llava_next", "llava-next")];
-
-fn gguf(dir: &str, kind: &str) -> GgufPaths {
-    let base = fixtures().join("gguf").join(dir);
-    GgufPaths::new(base.join(format!("tiny-{dir}-{kind}.gguf")), Some(base.join(format!("mmproj-tiny-{dir}-f32.gguf"))))
-}
-
-fn shards(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "safetensors")).collect();
-    v.sort();
-    v
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
-}
 
 /// The model llama.cpp's GGUF files hold (merg's GGUF reader), in f32 on the CPU.
 fn gguf_model(paths: &GgufPaths) -> Arc<dyn Model> {

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod gguf;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
