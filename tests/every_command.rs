@@ -79,14 +79,14 @@ fn error_line(stderr: &str) -> String {
 #[test]
 fn bad_model_input_fails_alike_on_every_command() {
     let d = tempfile::tempdir().unwrap();
-    let dir = d.path().join("gemma");
+    let dir = d.path().join("phi3");
     std::fs::create_dir(&dir).unwrap();
     // A family merg does not run: the fixture with its architecture renamed.
     let renamed = rewritten_gguf(
         &gguf("qwen2_5-vl/tiny-qwen2_5-vl-q8_0.gguf"),
         |k, v| {
             if k == "general.architecture" {
-                *v = Value::String("gemma3".into());
+                *v = Value::String("phi3".into());
             }
         },
         vec![],
@@ -94,7 +94,7 @@ fn bad_model_input_fails_alike_on_every_command() {
     std::fs::write(dir.join("model.gguf"), renamed).unwrap();
     std::fs::copy(gguf("qwen2_5-vl/mmproj-tiny-qwen2_5-vl-f32.gguf"), dir.join("mmproj-model.gguf")).unwrap();
     let cases: [(&str, Vec<String>, &[&str]); 3] = [
-        ("an architecture with no family", vec!["--model".into(), s(&dir.join("model.gguf"))], &["model.gguf", "\"gemma3\"", "is not one merg runs"]),
+        ("an architecture with no family", vec!["--model".into(), s(&dir.join("model.gguf"))], &["model.gguf", "\"phi3\"", "is not one merg runs"]),
         (
             "a projector of another model",
             vec!["--model".into(), s(&gguf("qwen2_5-vl/tiny-qwen2_5-vl-q8_0.gguf")), "--mmproj".into(), s(&gguf("qwen3-vl/mmproj-tiny-qwen3-vl-f32.gguf"))],
