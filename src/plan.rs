@@ -70,9 +70,11 @@ pub fn weight_bytes(p: &ParamCounts, spec: &ModelSpec, prec: Precision) -> (u64,
             ((p.text_linear + head) as f64 * bits / 8.0) as u64 + dense(p.text_other)
         }
     };
+    // The media towers (vision, and audio for Qwen2.5-Omni) stay dense unless asked for.
+    let towers = p.vision + p.audio;
     let vision = match (prec.quant, prec.quant_vision) {
-        (Some(q), true) => (p.vision as f64 * q.bits_per_weight() / 8.0) as u64,
-        _ => dense(p.vision),
+        (Some(q), true) => (towers as f64 * q.bits_per_weight() / 8.0) as u64,
+        _ => dense(towers),
     };
     (text, vision)
 }

@@ -93,9 +93,14 @@ impl Taken {
     }
 }
 
-/// Whether a tensor belongs to the vision tower (hub layouts: `visual.*`, `model.visual.*`).
+/// Whether a tensor belongs to a media tower or its projector rather than the text model, in
+/// every family's hub layout: Qwen's `visual.*` (`model.visual.*`, `thinker.visual.*`),
+/// LLaVA-NeXT's and Gemma 3's `vision_tower.*` and `multi_modal_projector.*` (and LLaVA's
+/// `image_newline`), Qwen2.5-Omni's `audio_tower.*`. `--quant` leaves these dense unless the
+/// towers are asked for too, as `merg plan` counts them.
 pub(crate) fn is_vision(name: &str) -> bool {
-    name.starts_with("visual.") || name.contains(".visual.")
+    const TOWERS: [&str; 4] = ["visual.", "vision_tower.", "multi_modal_projector.", "audio_tower."];
+    TOWERS.iter().any(|t| name.starts_with(t) || name.contains(&format!(".{t}"))) || name == "image_newline" || name.ends_with(".image_newline")
 }
 
 fn is_embedding(name: &str) -> bool {
@@ -298,6 +303,28 @@ mod tests {
         }
         dense(&l, "visual.blocks.0.attn.qkv.weight", &[96, 32], DType::F32);
         l
+    }
+
+    /// Every family's towers and projectors are told from its text model by name.
+    #[test]
+    fn towers_of_every_family_are_not_text() {
+        for tower in [
+            "visual.blocks.0.attn.qkv.weight",
+            "model.visual.merger.mlp.0.weight",
+            "thinker.visual.blocks.0.mlp.up_proj.weight",
+            "thinker.audio_tower.layers.0.fc1.weight",
+            "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",
+            "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight",
+            "multi_modal_projector.linear_1.weight",
+            "model.multi_modal_projector.mm_input_projection_weight",
+            "image_newline",
+            "model.image_newline",
+        ] {
+            assert!(is_vision(tower), "{tower}");
+        }
+        for text in ["model.layers.0.self_attn.q_proj.weight", "language_model.model.layers.0.mlp.gate_proj.weight", "thinker.model.layers.0.mlp.down_proj.weight", "lm_head.weight", "model.language_model.embed_tokens.weight"] {
+            assert!(!is_vision(text), "{text}");
+        }
     }
 
     #[test]
