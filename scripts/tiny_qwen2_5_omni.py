@@ -267,6 +267,19 @@ def clip(name):
     return (x + 0.05 * rng.standard_normal(len(t))).astype(np.float32)
 
 
+def write_clip_wavs():
+    """Each synthetic clip as a 32-bit float WAV in tests/fixtures/media (omni_<name>.wav): the very samples the
+    goldens were made from, so merg's file-to-logits path is checked against them without rounding."""
+    import struct
+
+    for name in CLIPS:
+        x = clip(name)
+        data = x.astype("<f4").tobytes()
+        fmt = struct.pack("<HHIIHH", 3, 1, SAMPLE_RATE, SAMPLE_RATE * 4, 4, 32)  # IEEE float, mono
+        body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+        (MEDIA / f"omni_{name}.wav").write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+
+
 def video_frames():
     """Eight frames (the four committed ones forth and back) at 2 fps: a 4 s clip, four temporal grid steps."""
     import numpy as np
@@ -394,6 +407,7 @@ def make_goldens(min_margin=1e-3):
     import torch
     import transformers
 
+    write_clip_wavs()
     proc = load_processor()
     full = transformers.Qwen2_5OmniForConditionalGeneration.from_pretrained(
         str(OUT), dtype=torch.float32, enable_audio_output=False, attn_implementation="eager").eval()

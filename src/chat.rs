@@ -20,6 +20,9 @@ pub enum ContentPart {
     Text(String),
     Image,
     Video,
+    /// An audio clip (rendered as `{"type": "audio"}`; Qwen2.5-Omni's template writes
+    /// `<|audio_bos|><|AUDIO|><|audio_eos|>`).
+    Audio,
 }
 
 /// A chat message: a role (`system`, `user`, `assistant`, ...) and ordered content parts.
@@ -91,9 +94,11 @@ fn part_from_hf_json(p: &serde_json::Value) -> Result<ContentPart> {
         }
         Some("image") | Some("image_url") => Ok(ContentPart::Image),
         Some("video") => Ok(ContentPart::Video),
+        Some("audio") | Some("input_audio") | Some("audio_url") => Ok(ContentPart::Audio),
         Some(other) => bail!("unsupported content part type {other:?}"),
         None if p.get("image").is_some() || p.get("image_url").is_some() => Ok(ContentPart::Image),
         None if p.get("video").is_some() => Ok(ContentPart::Video),
+        None if p.get("audio").is_some() || p.get("audio_url").is_some() => Ok(ContentPart::Audio),
         None => bail!("content part has no \"type\""),
     }
 }
@@ -257,6 +262,7 @@ fn hf_message(
             }
             ContentPart::Image => serde_json::json!({"type": "image"}),
             ContentPart::Video => serde_json::json!({"type": "video"}),
+            ContentPart::Audio => serde_json::json!({"type": "audio"}),
         })
         .collect();
     serde_json::json!({"role": m.role, "content": parts})

@@ -94,8 +94,11 @@ impl Checkpoint {
         if let Some(p) = &files.video_preprocessor_config {
             preprocessor.read_video_budget(p)?;
         }
-        let processor = Processor::new(tokenizer, preprocessor, model.spec());
-        processor.check_ids(model.spec())?;
+        let mel = match &files.preprocessor_config {
+            Some(p) => mel_config(p)?,
+            None => None,
+        };
+        let processor = processor_for(&model, tokenizer, preprocessor, mel)?;
         let tokenizer_json = Some(TokenizerJson::File(files.tokenizer.clone()));
         Ok(Checkpoint { model, processor, files: Some(files), gguf: None, quant_stats, tokenizer_json })
     }
@@ -116,8 +119,7 @@ impl Checkpoint {
 
     /// An already loaded model with a tokenizer (benchmarks drive the engine this way).
     pub fn from_model(model: Arc<dyn models::Model>, tokenizer: ChatTokenizer) -> Result<Self> {
-        let processor = Processor::new(Arc::new(tokenizer), model.spec().default_preprocessor(), model.spec());
-        processor.check_ids(model.spec())?;
+        let processor = processor_for(&model, Arc::new(tokenizer), model.spec().default_preprocessor(), None)?;
         Ok(Checkpoint { model, processor, files: None, gguf: None, quant_stats: None, tokenizer_json: None })
     }
 
@@ -135,8 +137,7 @@ impl Checkpoint {
         let source = weights.describe();
         let model = models::load(&opened.config, weights).with_context(|| format!("loading the GGUF model {source}"))?;
         let tokenizer = ChatTokenizer::from_json(&opened.tokenizer_json, &opened.tokenizer_origin, opened.chat_template)?;
-        let processor = Processor::new(Arc::new(tokenizer), opened.preprocessor.config(model.spec())?, model.spec());
-        processor.check_ids(model.spec())?;
+        let processor = processor_for(&model, Arc::new(tokenizer), opened.preprocessor.config(model.spec())?, None)?;
         let tokenizer_json = Some(TokenizerJson::Text { origin: opened.tokenizer_origin, text: opened.tokenizer_json.into() });
         Ok(Checkpoint { model, processor, files: None, gguf: Some(paths.clone()), quant_stats, tokenizer_json })
     }
@@ -157,3 +158,23 @@ impl Checkpoint {
 }
 
 pub use crate::memory::available_memory;
+
+/// The processor of a loaded model: its tokenizer, image preprocessor and, for a model with an
+/// audio encoder, the feature extractor (`mel`, or the model's defaults), checked against the
+/// model's special ids.
+fn processor_for(model: &Arc<dyn models::Model>, tokenizer: Arc<ChatTokenizer>, preprocessor: PreprocessorConfig, mel: Option<crate::audio::MelConfig>) -> Result<Processor> {
+    let mut processor = Processor::new(tokenizer, preprocessor, model.spec());
+    if let Some(spec) = model.audio_spec() {
+        let mel = mel.unwrap_or(crate::audio::MelConfig { n_mels: spec.mel_bins, ..crate::audio::MelConfig::QWEN2_5_OMNI });
+        processor = processor.with_audio(spec.clone(), mel)?;
+    }
+    processor.check_ids(model.spec())?;
+    Ok(processor)
+}
+
+/// The feature extractor's settings in a preprocessor_config.json, if it names one.
+fn mel_config(path: &std::path::Path) -> Result<Option<crate::audio::MelConfig>> {
+    let text = crate::input::read_string(path, &crate::input::CONFIG)?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    crate::audio::MelConfig::from_preprocessor_json(&v).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}

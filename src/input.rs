@@ -45,7 +45,7 @@ impl Kind {
         mib.saturating_mul(1 << 20)
     }
 
-    fn too_big(&self, path: &Path, size: u64) -> anyhow::Error {
+    pub fn too_big(&self, path: &Path, size: u64) -> anyhow::Error {
         anyhow::anyhow!(
             "{} {} is {:.1} MiB; the limit is {} MiB (raise it with {}=<MiB>)",
             self.what,

@@ -8,15 +8,25 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 
+use crate::audio::{MelConfig, MelExtractor};
 use crate::chat::{ContentPart, Message};
-use crate::models::{MediaGrid, ModelSpec, VisionSpec};
+use crate::models::{AudioSpec, MediaGrid, ModelSpec, VisionSpec};
 use crate::tokenizer::{ChatTokenizer, Placeholder};
 use crate::vision::{self, Media, Patches, PreprocessorConfig};
 
-/// One preprocessed image or video.
+/// One preprocessed image, video or audio clip. An audio clip's "patches" are its log-mel
+/// rows: `[mels, frames]` (grid_thw `[1, 1, mels]`, patch_dim the valid frames), the layout the
+/// audio encoder takes.
 pub struct MediaItem {
     pub patches: Patches,
     pub grid: MediaGrid,
+}
+
+/// What the processor needs to hear: the model's audio input and the feature extractor.
+#[derive(Clone)]
+struct Hearing {
+    spec: AudioSpec,
+    mel: Arc<MelExtractor>,
 }
 
 #[derive(Clone)]
@@ -25,6 +35,8 @@ pub struct Processor {
     pub preprocessor: PreprocessorConfig,
     /// Absent for text-only models (then any media is an error).
     vision: Option<VisionSpec>,
+    /// Absent for models without an audio encoder (then any audio is an error).
+    hearing: Option<Hearing>,
 }
 
 impl Processor {
@@ -40,12 +52,37 @@ impl Processor {
             preprocessor.patch_size = v.patch_size;
             (preprocessor.merge_size, preprocessor.temporal_patch_size) = (1, 1);
         }
-        Processor { tokenizer, preprocessor, vision: spec.vision.clone() }
+        Processor { tokenizer, preprocessor, vision: spec.vision.clone(), hearing: None }
+    }
+
+    /// The processor of a model with an audio encoder: clips become `mel`'s log-mel features.
+    pub fn with_audio(self, spec: AudioSpec, mel: MelConfig) -> Result<Self> {
+        if mel.n_mels != spec.mel_bins {
+            bail!("the feature extractor gives {} mel bins (feature_size) but the audio encoder takes {} (num_mel_bins)", mel.n_mels, spec.mel_bins);
+        }
+        Ok(Processor { hearing: Some(Hearing { spec, mel: Arc::new(MelExtractor::new(mel)) }), ..self })
+    }
+
+    /// Whether this model hears (has an audio encoder).
+    pub fn hears(&self) -> bool {
+        self.hearing.is_some()
+    }
+
+    fn hearing(&self) -> Result<&Hearing> {
+        self.hearing.as_ref().context("this model takes no audio")
     }
 
     /// The tokenizer's media tokens must be the ones the model config names, or every
     /// placeholder would be spliced in the wrong place (a tokenizer from another checkpoint).
     pub fn check_ids(&self, spec: &ModelSpec) -> Result<()> {
+        if let Some(h) = &self.hearing {
+            let t = self.tokenizer.special();
+            for (name, tok, cfg) in [("audio", t.audio_pad, h.spec.token), ("audio-start", t.audio_start, h.spec.start), ("audio-end", t.audio_end, h.spec.end)] {
+                if tok != cfg {
+                    bail!("the tokenizer's {name} token is id {tok} but the model config says {cfg}: tokenizer and config come from different checkpoints");
+                }
+            }
+        }
         if spec.vision.is_none() {
             return Ok(());
         }
@@ -79,25 +116,37 @@ impl Processor {
         Ok(v)
     }
 
+    /// Log-mel rows of an audio clip, cut to the frames that hold signal (transformers'
+    /// `feature_attention_mask`), as the model takes them.
+    fn preprocess_audio(&self, pcm: &crate::audio::Pcm) -> Result<MediaItem> {
+        let h = self.hearing()?;
+        let mel = h.mel.extract(&pcm.samples);
+        let valid = mel.mask.iter().filter(|&&m| m == 1).count();
+        if AudioSpec::tokens(valid) == 0 {
+            bail!("the audio clip is {} samples long: too short for one audio token", pcm.samples.len());
+        }
+        let data = (0..mel.n_mels).flat_map(|r| mel.row(r)[..valid].iter().copied()).collect();
+        let patches = Patches { data, grid_thw: [1, 1, mel.n_mels], patch_dim: valid };
+        Ok(MediaItem { patches, grid: MediaGrid::audio(valid) })
+    }
+
     /// Preprocesses one media item into patches and its grid.
     pub fn preprocess(&self, m: &Media) -> Result<MediaItem> {
-        self.check_media_kind(matches!(m, Media::Video { .. }))?;
         let (patches, is_video, secs) = match m {
-            Media::Image(img) => (vision::preprocess_image(img, &self.preprocessor)?, false, 0.0),
+            Media::Audio(pcm) => return self.preprocess_audio(pcm),
+            Media::Image(img) => {
+                self.check_media_kind(false)?;
+                (vision::preprocess_image(img, &self.preprocessor)?, false, 0.0)
+            }
             Media::Video { frames, fps } => {
+                self.check_media_kind(true)?;
                 let p = vision::preprocess_video(frames, &self.preprocessor)?;
                 (p, true, self.preprocessor.temporal_patch_size as f64 / fps)
             }
         };
-        let frames = match m {
-            Media::Video { frames, .. } => frames.len(),
-            Media::Image(_) => 0,
-        };
-        let size = match m {
-            Media::Image(img) => [img.height() as usize, img.width() as usize],
-            Media::Video { frames, .. } => frames.first().map_or([0, 0], |f| [f.height() as usize, f.width() as usize]),
-        };
-        let grid = MediaGrid { thw: patches.grid_thw, is_video, second_per_grid: secs, frames, size };
+        let (frames, h, w) = m.dims();
+        let frames = if is_video { frames } else { 0 };
+        let grid = MediaGrid { thw: patches.grid_thw, is_video, second_per_grid: secs, frames, size: [h, w], audio_frames: 0 };
         Ok(MediaItem { patches, grid })
     }
 
@@ -121,19 +170,31 @@ impl Processor {
         let t = if is_video { frames.div_ceil(p.temporal_patch_size) } else { 1 };
         let secs = if is_video { p.temporal_patch_size as f64 / fps } else { 0.0 };
         let frames = if is_video { frames } else { 0 };
-        Ok(MediaGrid { thw: [t, rh / p.patch_size, rw / p.patch_size], is_video, second_per_grid: secs, frames, size: [h, w] })
+        Ok(MediaGrid { thw: [t, rh / p.patch_size, rw / p.patch_size], is_video, second_per_grid: secs, frames, size: [h, w], audio_frames: 0 })
+    }
+
+    /// The grid of any media item without touching pixels or computing features.
+    pub fn grid_of(&self, m: &Media) -> Result<MediaGrid> {
+        match m {
+            Media::Audio(pcm) => {
+                let frames = self.hearing()?.mel.config().valid_frames(pcm.samples.len());
+                Ok(MediaGrid::audio(frames))
+            }
+            Media::Video { fps, .. } => self.grid_for(m.dims(), true, *fps),
+            Media::Image(_) => self.grid_for(m.dims(), false, 2.0),
+        }
     }
 
     /// Prompt token ids with each placeholder expanded to its item's merged-token count
     /// (Qwen3-VL videos: one run per temporal step, each after its time).
     pub fn encode_prompt(&self, messages: &[Message], grids: &[MediaGrid]) -> Result<Vec<u32>> {
-        let items: Vec<Placeholder> = match grids.is_empty() {
-            true => vec![],
-            false => {
-                let v = self.vision()?;
-                grids.iter().map(|g| placeholder(v, g)).collect()
-            }
-        };
+        let items = grids
+            .iter()
+            .map(|g| match g.is_audio() {
+                true => self.hearing().map(|_| Placeholder::Audio(AudioSpec::tokens(g.audio_frames))),
+                false => self.vision().map(|v| placeholder(v, g)),
+            })
+            .collect::<Result<Vec<_>>>()?;
         self.tokenizer.encode_chat_with(messages, true, &items)
     }
 
@@ -152,6 +213,13 @@ impl Processor {
             anyhow::bail!("the prompt's text is {bytes} bytes, at least {at_least} tokens, but the context window is {max_context} tokens");
         }
         Ok(())
+    }
+
+    /// Prompt length without touching pixels or computing audio features, so callers can
+    /// budget context cheaply.
+    pub fn count_tokens_with(&self, messages: &[Message], media: &[Media]) -> Result<usize> {
+        let grids = media.iter().map(|m| self.grid_of(m)).collect::<Result<Vec<_>>>()?;
+        Ok(self.encode_prompt(messages, &grids)?.len())
     }
 
     /// Prompt length without touching pixels, so callers can budget context cheaply.
@@ -176,15 +244,16 @@ fn placeholder(v: &VisionSpec, g: &MediaGrid) -> Placeholder {
     }
 }
 
-/// The messages must have one `Image`/`Video` part per media item.
+/// The messages must have one `Image`/`Video`/`Audio` part per media item, of the item's kind
+/// (audio parts for audio clips, image or video parts for the rest), in order.
 pub fn check_placeholders(messages: &[Message], media: &[Media]) -> Result<()> {
-    let placeholders = messages
-        .iter()
-        .flat_map(|m| m.content.iter())
-        .filter(|c| matches!(c, ContentPart::Image | ContentPart::Video))
-        .count();
-    if placeholders != media.len() {
-        bail!("the messages reference {placeholders} images/videos but {} were given", media.len());
+    let parts: Vec<&ContentPart> = messages.iter().flat_map(|m| m.content.iter()).filter(|c| !matches!(c, ContentPart::Text(_))).collect();
+    if parts.len() != media.len() {
+        bail!("the messages reference {} images/videos/audio clips but {} were given", parts.len(), media.len());
+    }
+    if let Some(k) = parts.iter().zip(media).position(|(p, m)| (**p == ContentPart::Audio) != m.is_audio()) {
+        let (part, item) = if media[k].is_audio() { ("an image or video part", "an audio clip") } else { ("an audio part", "an image or video") };
+        bail!("media item {k} is {item} but its place in the messages is {part}");
     }
     Ok(())
 }

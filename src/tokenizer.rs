@@ -31,6 +31,9 @@ pub enum TokenizerJson {
 /// markers), Gemma's (`<start_of_turn>`, `<end_of_turn>`, `<eos>`, `<image_soft_token>` between
 /// `<start_of_image>` and `<end_of_image>`; no video) or LLaMA's as LLaVA ships it (`</s>` ends
 /// turn and text, `<image>`, and no turn start, video or marker tokens: those are `NONE`).
+/// Qwen2.5-Omni's vocabulary renames the media tokens (`<|IMAGE|>`, `<|VIDEO|>`, `<|vision_bos|>`,
+/// `<|vision_eos|>`) and adds audio (`<|AUDIO|>` between `<|audio_bos|>` and `<|audio_eos|>`);
+/// the audio tokens of every other vocabulary are `NONE`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SpecialTokens {
     /// Ends the text (`<|endoftext|>`, `</s>`).
@@ -44,6 +47,21 @@ pub struct SpecialTokens {
     pub image_pad: u32,
     pub video_pad: u32,
     pub vision_pad: u32,
+    /// The audio placeholder (`<|AUDIO|>`) and its markers; `NONE` without audio.
+    pub audio_pad: u32,
+    pub audio_start: u32,
+    pub audio_end: u32,
+    pub convention: Convention,
+}
+
+/// Which vocabulary convention a tokenizer follows (chosen once, from its token names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Convention {
+    Qwen,
+    /// Qwen2.5-Omni: Qwen's turns, renamed media tokens, audio.
+    QwenOmni,
+    Gemma,
+    Llama,
 }
 
 impl SpecialTokens {
@@ -53,6 +71,25 @@ impl SpecialTokens {
 
     /// The convention `id` resolves, or the tokens neither convention found.
     fn lookup(id: impl Fn(&str) -> Option<u32>) -> std::result::Result<Self, String> {
+        let none = Self::NONE;
+        // Omni first: it has `<|im_end|>` too, but none of Qwen's media token names.
+        if id("<|AUDIO|>").is_some() && id("<|IMAGE|>").is_some() {
+            let need = |name: &str| id(name).ok_or_else(|| format!("the Qwen2.5-Omni special token {name}"));
+            return Ok(SpecialTokens {
+                endoftext: need("<|endoftext|>")?,
+                im_start: need("<|im_start|>")?,
+                im_end: need("<|im_end|>")?,
+                vision_start: need("<|vision_bos|>")?,
+                vision_end: need("<|vision_eos|>")?,
+                image_pad: need("<|IMAGE|>")?,
+                video_pad: need("<|VIDEO|>")?,
+                vision_pad: id("<|vision_pad|>").unwrap_or(none),
+                audio_pad: need("<|AUDIO|>")?,
+                audio_start: need("<|audio_bos|>")?,
+                audio_end: need("<|audio_eos|>")?,
+                convention: Convention::QwenOmni,
+            });
+        }
         if id("<|im_end|>").is_some() || id("<|image_pad|>").is_some() {
             let need = |name: &str| id(name).ok_or_else(|| format!("the Qwen2-VL special token {name}"));
             return Ok(SpecialTokens {
@@ -64,6 +101,10 @@ impl SpecialTokens {
                 image_pad: need("<|image_pad|>")?,
                 video_pad: need("<|video_pad|>")?,
                 vision_pad: need("<|vision_pad|>")?,
+                audio_pad: none,
+                audio_start: none,
+                audio_end: none,
+                convention: Convention::Qwen,
             });
         }
         // Gemma 3: turns are `<start_of_turn>`/`<end_of_turn>`, and an image is the soft token
@@ -71,20 +112,22 @@ impl SpecialTokens {
         if let (Some(start), Some(end), Some(eos), Some(boi), Some(eoi), Some(image_pad)) =
             (id("<start_of_turn>"), id("<end_of_turn>"), id("<eos>"), id("<start_of_image>"), id("<end_of_image>"), id("<image_soft_token>"))
         {
-            let none = Self::NONE;
-            return Ok(SpecialTokens { endoftext: eos, im_start: start, im_end: end, vision_start: boi, vision_end: eoi, image_pad, video_pad: none, vision_pad: none });
+            let (audio_pad, audio_start, audio_end) = (none, none, none);
+            let convention = Convention::Gemma;
+            return Ok(SpecialTokens { endoftext: eos, im_start: start, im_end: end, vision_start: boi, vision_end: eoi, image_pad, video_pad: none, vision_pad: none, audio_pad, audio_start, audio_end, convention });
         }
         match (id("</s>"), id("<image>")) {
             (Some(eos), Some(image_pad)) => {
-                let none = Self::NONE;
-                Ok(SpecialTokens { endoftext: eos, im_start: none, im_end: eos, vision_start: none, vision_end: none, image_pad, video_pad: none, vision_pad: none })
+                let (audio_pad, audio_start, audio_end) = (none, none, none);
+                let convention = Convention::Llama;
+                Ok(SpecialTokens { endoftext: eos, im_start: none, im_end: eos, vision_start: none, vision_end: none, image_pad, video_pad: none, vision_pad: none, audio_pad, audio_start, audio_end, convention })
             }
-            _ => Err("the media tokens of a known convention (Qwen's <|image_pad|> and <|im_end|>, Gemma's <start_of_image> and <image_soft_token>, or LLaVA's <image> and </s>)".into()),
+            _ => Err("the media tokens of a known convention (Qwen's <|image_pad|> and <|im_end|>, Qwen2.5-Omni's <|IMAGE|> and <|AUDIO|>, Gemma's <start_of_image> and <image_soft_token>, or LLaVA's <image> and </s>)".into()),
         }
     }
 
     fn is_media(&self, id: u32) -> bool {
-        id == self.image_pad || id == self.video_pad
+        id == self.image_pad || id == self.video_pad || id == self.audio_pad
     }
 }
 
@@ -147,6 +190,8 @@ pub enum Placeholder {
     /// pads each, in the processor's words ("Here is the original image … and here are some
     /// crops to help you see better …").
     Crops { per_image: usize, crops: usize },
+    /// An audio clip: `n` copies of the audio pad (Qwen2.5-Omni's `<|AUDIO|>`).
+    Audio(usize),
 }
 
 impl ChatTokenizer {
@@ -326,23 +371,18 @@ impl ChatTokenizer {
         // text, and anything else (slicing, escaping) is refused.
         let real = template.render(messages, add_generation_prompt)?;
         let pieces = fit_texts(pieces, &texts, &real)?;
-        let pads = self.count_pads(&pieces);
-        if pads.0 + pads.1 != media.len() {
-            bail!(
-                "the prompt has {} media placeholders ({} image, {} video) but {} media items were given",
-                pads.0 + pads.1,
-                pads.0,
-                pads.1,
-                media.len()
-            );
+        let (img, vid, aud) = self.count_pads(&pieces);
+        if img + vid + aud != media.len() {
+            let n = img + vid + aud;
+            bail!("the prompt has {n} media placeholders ({img} image, {vid} video, {aud} audio) but {} media items were given", media.len());
         }
         let empty = |p: &Placeholder| match p {
-            Placeholder::Run(n) => *n == 0,
+            Placeholder::Run(n) | Placeholder::Audio(n) => *n == 0,
             Placeholder::Steps { per_step, seconds, .. } => *per_step == 0 || seconds.is_empty(),
             Placeholder::Crops { per_image, .. } => *per_image == 0,
         };
         if let Some(k) = media.iter().position(empty) {
-            bail!("media item {k} has no tokens; every image/video needs at least one");
+            bail!("media item {k} has no tokens; every image, video and audio clip needs at least one");
         }
         let (pieces, media_tokens) = match self.image_sequence.is_some() {
             true => self.expand_image_markers(pieces, media)?,
@@ -482,8 +522,12 @@ impl ChatTokenizer {
                     text.push_str(content);
                     continue;
                 }
-                match items.next().context("media placeholder count changed while encoding")? {
-                    Placeholder::Run(n) => {
+                let item = items.next().context("media placeholder count changed while encoding")?;
+                if matches!(item, Placeholder::Audio(_)) != (id == self.special.audio_pad) {
+                    bail!("the prompt's media placeholders and the media items are of different kinds (an audio clip where an image or video is, or the reverse)");
+                }
+                match item {
+                    Placeholder::Run(n) | Placeholder::Audio(n) => {
                         counts.push(*n);
                         text.push_str(content);
                     }
@@ -544,6 +588,7 @@ impl ChatTokenizer {
                         counts.extend(std::iter::repeat_n(*per_image, 1 + crops));
                     }
                     Placeholder::Steps { .. } => bail!("an image placeholder cannot take a video's time steps"),
+                    Placeholder::Audio(_) => bail!("this vocabulary has no audio placeholder"),
                 }
                 text.push_str(rest);
             }
@@ -553,8 +598,9 @@ impl ChatTokenizer {
     }
 
     /// (image, video) placeholders in the template pieces.
-    fn count_pads(&self, pieces: &[Piece]) -> (usize, usize) {
-        let (mut img, mut vid) = (0, 0);
+    /// Placeholders the template wrote: (images, videos, audio clips).
+    fn count_pads(&self, pieces: &[Piece]) -> (usize, usize, usize) {
+        let (mut img, mut vid, mut aud) = (0, 0, 0);
         for p in pieces {
             if let Piece::Template(s) = p {
                 let mut rest = s.as_ref();
@@ -566,21 +612,22 @@ impl ChatTokenizer {
                 while let Some((at, content, id)) = self.find_added(rest) {
                     img += (id == image) as usize;
                     vid += (id == self.special.video_pad) as usize;
+                    aud += (id == self.special.audio_pad) as usize;
                     rest = &rest[at + content.len()..];
                 }
             }
         }
-        (img, vid)
+        (img, vid, aud)
     }
 }
 
 /// Gemma 3's image sequence (`Gemma3Processor.full_image_sequence`, its pad repeated later),
 /// for vocabularies of that convention.
 fn image_sequence(full: &Tokenizer, special: &SpecialTokens) -> Option<(String, String)> {
-    let name = |id: u32| full.id_to_token(id);
-    if special.video_pad != SpecialTokens::NONE || special.vision_start == SpecialTokens::NONE || name(special.im_start)? != "<start_of_turn>" {
+    if special.convention != Convention::Gemma {
         return None;
     }
+    let name = |id: u32| full.id_to_token(id);
     let (boi, eoi, pad) = (name(special.vision_start)?, name(special.vision_end)?, name(special.image_pad)?);
     let sequence = format!("\n\n{boi}{pad}{eoi}\n\n");
     Some((boi, sequence))

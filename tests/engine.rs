@@ -343,7 +343,7 @@ fn bad_requests_are_typed_errors() {
     let mut r = keyframe_request(1, 56, 1, 2);
     r.media.clear(); // one placeholder, no image
     let e = t.handle.submit(r).err().expect("placeholder without media");
-    assert!(matches!(e, EngineError::BadRequest(_)) && e.to_string().contains("1 images/videos but 0"), "{e}");
+    assert!(matches!(e, EngineError::BadRequest(_)) && e.to_string().contains("1 images/videos/audio clips but 0"), "{e}");
     let r = ChatRequest::new(vec![Message::text("user", "hi")], vec![], SamplingParams { top_p: 0.0, ..greedy(2) });
     let e = t.handle.submit(r).err().expect("bad top_p");
     assert_eq!(e.status(), 400, "{e}");

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// Bottom first. A module may import those before it, never those after.
 const ORDER: &[&str] = &[
     "setting", "progress", "input", "memory", "cpu", // plumbing and kernels
-    "chat", "dialogue", "hub", "tokenizer", "vision", "audio", "weights", // formats and sources
+    "chat", "dialogue", "hub", "tokenizer", "audio", "vision", "weights", // formats and sources
     "layers",    // shared blocks
     "models",    // families behind `Model`
     "metrics",   // scoring models (BERTScore, emotion) on the shared blocks

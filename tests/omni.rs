@@ -41,7 +41,7 @@ fn vision_input(g: &HashMap<String, Tensor>) -> VisionInput {
     let mut media: Vec<MediaGrid> = grids(g.get("image_grid_thw")).into_iter().map(MediaGrid::image).collect();
     let secs: Vec<f32> = g.get("video_second_per_grid").map(|t| t.to_vec1().unwrap()).unwrap_or_default();
     for (i, thw) in grids(g.get("video_grid_thw")).into_iter().enumerate() {
-        media.push(MediaGrid { thw, is_video: true, second_per_grid: secs[i] as f64, frames: 0, size: [0, 0] });
+        media.push(MediaGrid { thw, is_video: true, second_per_grid: secs[i] as f64, frames: 0, size: [0, 0], audio_frames: 0 });
     }
     VisionInput { image_patches: g.get("pixel_values").cloned(), video_patches: g.get("pixel_values_videos").cloned(), media }
 }

@@ -48,7 +48,7 @@ fn vision_input(g: &std::collections::HashMap<String, Tensor>) -> VisionInput {
     let secs: Vec<f32> = g.get("second_per_grid_ts").map(|t| t.to_vec1().unwrap()).unwrap_or_default();
     for (i, thw) in grids(g.get("video_grid_thw")).into_iter().enumerate() {
         let second_per_grid = secs.get(i).copied().unwrap_or(1.0) as f64;
-        media.push(MediaGrid { thw, is_video: true, second_per_grid, frames: 0, size: [0, 0] });
+        media.push(MediaGrid { thw, is_video: true, second_per_grid, frames: 0, size: [0, 0], audio_frames: 0 });
     }
     VisionInput { image_patches: g.get("pixel_values").cloned(), video_patches: g.get("pixel_values_videos").cloned(), media }
 }

@@ -71,8 +71,8 @@ impl AgentModel for Scripted {
         })
     }
 
-    fn count_tokens(&self, messages: &[Message], media_dims: &[(usize, usize, usize)]) -> Result<usize> {
-        Ok(merg::pipeline::model::text_chars(messages) / 4 + 64 * media_dims.len())
+    fn count_tokens(&self, messages: &[Message], media: &[merg::vision::Media]) -> Result<usize> {
+        Ok(merg::pipeline::model::text_chars(messages) / 4 + 64 * media.len())
     }
 
     fn context_window(&self) -> usize {

@@ -100,7 +100,7 @@ impl AgentModel for BlameCaefOnce {
         }
         Ok(r)
     }
-    fn count_tokens(&self, m: &[Message], d: &[(usize, usize, usize)]) -> Result<usize> {
+    fn count_tokens(&self, m: &[Message], d: &[merg::vision::Media]) -> Result<usize> {
         self.0.count_tokens(m, d)
     }
     fn context_window(&self) -> usize {

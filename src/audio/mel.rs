@@ -33,6 +33,39 @@ impl MelConfig {
     pub fn chunk_samples(&self) -> usize {
         self.chunk_seconds as usize * self.sampling_rate as usize
     }
+
+    /// Frames the attention mask marks valid for a signal of `samples` samples (what
+    /// [`MelExtractor::extract`] would mark, without computing anything).
+    pub fn valid_frames(&self, samples: usize) -> usize {
+        attention_mask(samples.min(self.chunk_samples()), self.chunk_samples(), self.hop).iter().filter(|&&m| m == 1).count()
+    }
+
+    /// The extractor's settings from a `preprocessor_config.json` (`feature_size`, `n_fft`,
+    /// `hop_length`, `sampling_rate`, `chunk_length`); `None` when it names no feature extractor.
+    /// Absent fields take Qwen2.5-Omni's values; a zero is an error naming the field.
+    pub fn from_preprocessor_json(v: &serde_json::Value) -> Result<Option<MelConfig>, String> {
+        if v.get("feature_size").is_none() && v.get("feature_extractor_type").is_none() {
+            return Ok(None);
+        }
+        let d = MelConfig::QWEN2_5_OMNI;
+        let field = |name: &str, default: usize| -> Result<usize, String> {
+            match v.get(name) {
+                None => Ok(default),
+                Some(x) => x.as_u64().filter(|&n| n > 0).map(|n| n as usize).ok_or_else(|| format!("{name}: {x} is not a positive whole number")),
+            }
+        };
+        let cfg = MelConfig {
+            n_mels: field("feature_size", d.n_mels)?,
+            n_fft: field("n_fft", d.n_fft)?,
+            hop: field("hop_length", d.hop)?,
+            sampling_rate: field("sampling_rate", d.sampling_rate as usize)? as u32,
+            chunk_seconds: field("chunk_length", d.chunk_seconds as usize)? as u32,
+        };
+        if cfg.sampling_rate != super::TARGET_RATE {
+            return Err(format!("sampling_rate: {} Hz; merg resamples audio to {} Hz only", cfg.sampling_rate, super::TARGET_RATE));
+        }
+        Ok(Some(cfg))
+    }
 }
 
 /// Features of one chunk: `n_mels` rows of `frames` values, and which frames hold signal.

@@ -50,6 +50,20 @@ pub enum AudioError {
 }
 
 impl AudioError {
+    /// The same error naming `path` instead of the file it was raised for.
+    #[cfg_attr(not(feature = "video"), allow(dead_code))]
+    fn renamed(self, path: &Path) -> AudioError {
+        let path = path.to_path_buf();
+        match self {
+            AudioError::Undecodable { reason, .. } => AudioError::Undecodable { path, reason },
+            AudioError::NoAudioStream { .. } => AudioError::NoAudioStream { path },
+            AudioError::Empty { .. } => AudioError::Empty { path },
+            AudioError::ZeroRate { .. } => AudioError::ZeroRate { path },
+            AudioError::TooLong { seconds, limit, .. } => AudioError::TooLong { path, seconds, limit },
+            other => other,
+        }
+    }
+
     fn undecodable(path: &Path, reason: impl std::fmt::Display) -> AudioError {
         AudioError::Undecodable { path: path.to_path_buf(), reason: reason.to_string() }
     }
@@ -110,6 +124,41 @@ fn load(path: &Path, kind: &crate::input::Kind) -> Result<Pcm, AudioError> {
         decode_other(path, max)?
     };
     Ok(Pcm { samples, source: path.to_path_buf() })
+}
+
+/// Audio sent as bytes (a server request's base64 `input_audio`), as 16 kHz mono. `origin` names
+/// the bytes in errors and trace notes (e.g. `messages[1].content[0]`). Every cap of a file
+/// applies: its size (`input::AUDIO`) and its duration. A WAV is read in memory; any other
+/// format goes through ffmpeg from a private temporary file (ffmpeg's demuxers read files).
+pub fn load_audio_bytes(bytes: &[u8], origin: &str) -> Result<Pcm, AudioError> {
+    let path = Path::new(origin);
+    if bytes.len() as u64 > crate::input::AUDIO.limit() {
+        return Err(AudioError::File(crate::input::AUDIO.too_big(path, bytes.len() as u64)));
+    }
+    if bytes.is_empty() {
+        return Err(AudioError::Empty { path: path.to_path_buf() });
+    }
+    let samples = if is_wav(bytes) {
+        let (mono, rate) = wav::read(path, std::io::Cursor::new(bytes), max_seconds())?;
+        to_target_rate(mono, rate, path)?
+    } else {
+        decode_bytes_other(bytes, path)?
+    };
+    Ok(Pcm { samples, source: path.to_path_buf() })
+}
+
+#[cfg(feature = "video")]
+fn decode_bytes_other(bytes: &[u8], origin: &Path) -> Result<Vec<f32>, AudioError> {
+    use std::io::Write;
+    let mut f = tempfile::NamedTempFile::new().map_err(|e| AudioError::undecodable(origin, format!("a temporary file for ffmpeg: {e}")))?;
+    f.write_all(bytes).map_err(|e| AudioError::undecodable(origin, format!("a temporary file for ffmpeg: {e}")))?;
+    // ffmpeg's errors name the temporary file; the caller's name replaces it.
+    ffmpeg::decode(f.path(), max_seconds()).map_err(|e| e.renamed(origin))
+}
+
+#[cfg(not(feature = "video"))]
+fn decode_bytes_other(_bytes: &[u8], origin: &Path) -> Result<Vec<f32>, AudioError> {
+    Err(AudioError::NeedsFfmpeg { path: origin.to_path_buf(), what: "decoding audio other than WAV".into() })
 }
 
 /// RIFF/RIFX … WAVE: the one format read without ffmpeg (sniffed, not taken from the name).

@@ -143,3 +143,27 @@ fn a_clip_longer_than_the_window_is_cut_to_the_span() {
     let e = cut_to_span(&pcm, (3.0, 3.0), 30.0).unwrap_err();
     assert_eq!(e.name, "audio_span");
 }
+
+#[test]
+fn bytes_decode_like_the_file_and_errors_name_the_origin() {
+    let wav = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/media").join("tone.wav")).unwrap();
+    let from_file = super::load_audio(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/media").join("tone.wav")).unwrap();
+    let from_bytes = super::load_audio_bytes(&wav, "messages[0].content[1]").unwrap();
+    assert_eq!(from_bytes.samples, from_file.samples);
+    assert_eq!(from_bytes.source, std::path::PathBuf::from("messages[0].content[1]"));
+    let e = super::load_audio_bytes(&[], "messages[0].content[1]").unwrap_err().to_string();
+    assert!(e.contains("messages[0].content[1]") && e.contains("empty"), "{e}");
+    let e = super::load_audio_bytes(b"RIFF\x10\0\0\0WAVEjunkjunk", "turns[2].audio").unwrap_err().to_string();
+    assert!(e.contains("turns[2].audio") && e.contains("does not decode"), "{e}");
+}
+
+#[cfg(feature = "video")]
+#[test]
+fn compressed_bytes_go_through_ffmpeg_and_garbage_names_the_origin() {
+    let mp4 = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/media").join("tone.mp4")).unwrap();
+    let from_file = super::load_clip_audio(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/media").join("tone.mp4")).unwrap();
+    let from_bytes = super::load_audio_bytes(&mp4, "input_audio").unwrap();
+    assert_eq!(from_bytes.samples, from_file.samples);
+    let e = super::load_audio_bytes(&[7u8; 4096], "messages[1].content[0]").unwrap_err().to_string();
+    assert!(e.contains("messages[1].content[0]") && !e.contains("/tmp"), "{e}");
+}

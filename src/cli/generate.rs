@@ -62,6 +62,7 @@ pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
         .map(|m| match m {
             Media::Image(_) => ContentPart::Image,
             Media::Video { .. } => ContentPart::Video,
+            Media::Audio(_) => ContentPart::Audio,
         })
         .collect();
     content.push(ContentPart::Text(a.prompt.clone()));

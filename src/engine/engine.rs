@@ -21,7 +21,8 @@ use super::sequence::{SeqId, Sequence, Status};
 use super::vision_cache::{lock, VisionCache};
 use crate::checkpoint::Checkpoint;
 use crate::generate::{FinishReason, NonFiniteLogits, Sampler, SamplingParams, TokenConstraint};
-use crate::models::{Deepstack, Model, PromptInputs, RecurrentState};
+use crate::models::{AudioSpec, Deepstack, Model, PromptInputs, RecurrentState};
+use crate::tokenizer::SpecialTokens;
 use super::state_cache::StateCache;
 
 #[derive(Clone, Debug)]
@@ -289,26 +290,40 @@ impl Engine {
         id
     }
 
-    /// Encodes the request's media through the vision cache, builds its decoder inputs and
-    /// queues it.
+    /// Encodes the request's media (images, videos, audio clips) through the media cache, builds
+    /// its decoder inputs and queues it.
     pub fn add_prepared(&mut self, p: PreparedRequest) -> EngineResult<SeqId> {
-        let mut feats = Vec::with_capacity(p.media.len());
+        let (mut grids, mut feats, mut audio) = (vec![], vec![], vec![]);
         for (i, m) in p.media.iter().enumerate() {
-            feats.push(self.media_features(m).map_err(|e| EngineError::BadRequest(format!("media item {i}: {e:#}")))?);
+            let f = self.media_features(m).map_err(|e| EngineError::BadRequest(format!("media item {i}: {e:#}")))?;
+            match m.grid.is_audio() {
+                true => audio.push(f),
+                false => {
+                    grids.push(m.grid.clone());
+                    feats.push(f);
+                }
+            }
         }
-        let grids: Vec<_> = p.media.iter().map(|m| m.grid.clone()).collect();
-        let inputs = self.model.prepare_prompt(&p.ids, &grids, &feats).map_err(EngineError::bad_request)?;
+        let inputs = self.model.prepare_prompt_with_audio(&p.ids, &grids, &feats, &audio).map_err(EngineError::bad_request)?;
         let spec = self.model.spec();
         let keys: Vec<u64> = p.media.iter().map(|m| m.key).collect();
-        let tokens: Vec<usize> = match &spec.vision {
-            Some(v) => p.media.iter().map(|m| v.tokens(&m.grid)).collect(),
-            None => vec![],
-        };
-        let extra = placeholder_keys(&p.ids, spec.special.image, spec.special.video, &keys, &tokens);
+        let tokens: Vec<usize> = p
+            .media
+            .iter()
+            .map(|m| match (&spec.vision, m.grid.is_audio()) {
+                (_, true) => AudioSpec::tokens(m.grid.audio_frames),
+                (Some(v), false) => v.tokens(&m.grid),
+                (None, false) => 0,
+            })
+            .collect();
+        let audio_tok = self.model.audio_spec().map_or(SpecialTokens::NONE, |a| a.token);
+        let placeholders = [spec.special.image, spec.special.video, audio_tok];
+        let extra = placeholder_keys(&p.ids, &placeholders, &keys, &tokens);
         self.add_inputs(p.ids, extra, inputs, p.sampling, p.constraint)
     }
 
-    /// Vision features of one item: from the cache, else encoded (and cached).
+    /// Encoder features of one item (vision tower, or audio tower for a clip): from the cache,
+    /// else encoded (and cached).
     fn media_features(&mut self, m: &PreparedMedia) -> anyhow::Result<Tensor> {
         if let Some((f, _)) = lock(&self.vision_cache)?.get(m.key) {
             return Ok(f);
@@ -323,7 +338,11 @@ impl Engine {
             }
             (None, None) => anyhow::bail!("neither patches nor source pixels"),
         };
-        let f = self.model.encode_media(&patches.to_tensor(self.model.device())?, &m.grid)?;
+        let input = patches.to_tensor(self.model.device())?;
+        let f = match m.grid.is_audio() {
+            true => self.model.encode_audio(&input)?,
+            false => self.model.encode_media(&input, &m.grid)?,
+        };
         lock(&self.vision_cache)?.insert(m.key, f.clone(), m.grid.clone());
         Ok(f)
     }

@@ -154,12 +154,13 @@ pub(crate) fn check_prompt_len(len: usize, max_context: usize) -> EngineResult<(
 
 /// Per-token extra keys: the content hash of the media item each placeholder token stands
 /// for (0 for text). Items are in prompt order and `tokens[k]` long; an item may span several
-/// runs (a Qwen3-VL video: one run per time step).
-pub(super) fn placeholder_keys(ids: &[u32], image_tok: u32, video_tok: u32, keys: &[u64], tokens: &[usize]) -> Vec<u64> {
+/// runs (a Qwen3-VL video: one run per time step). `placeholders` are the token ids that stand
+/// for media (image, video, audio).
+pub(super) fn placeholder_keys(ids: &[u32], placeholders: &[u32], keys: &[u64], tokens: &[usize]) -> Vec<u64> {
     let mut out = vec![0u64; ids.len()];
     let (mut item, mut left) = (0usize, tokens.first().copied().unwrap_or(0));
     for (i, &t) in ids.iter().enumerate() {
-        if t != image_tok && t != video_tok {
+        if !placeholders.contains(&t) {
             continue;
         }
         while left == 0 && item + 1 < tokens.len() {

@@ -1,6 +1,7 @@
-//! Vision-encoder cache: merged patch features keyed by the content hash of the source media
-//! (pixels, size, frame rate; the preprocessor config is fixed per engine), LRU-bounded. A
-//! keyframe shown to five agents over several refinement rounds is encoded once.
+//! Media-encoder cache: merged patch features (and an audio clip's encoder output) keyed by the
+//! content hash of the source media (pixels, size, frame rate; samples for audio; the
+//! preprocessor config is fixed per engine), LRU-bounded. A keyframe or a turn's audio shown to
+//! five agents over several refinement rounds is encoded once.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -27,6 +28,14 @@ pub fn content_hash(m: &Media) -> u64 {
             }
             fps.to_bits().hash(&mut h);
             frames.len().hash(&mut h);
+        }
+        Media::Audio(pcm) => {
+            // Tagged so no image's bytes can collide with a clip's by construction.
+            b"audio".hash(&mut h);
+            pcm.samples.len().hash(&mut h);
+            for s in &pcm.samples {
+                h.write_u32(s.to_bits());
+            }
         }
     }
     h.finish().max(1)

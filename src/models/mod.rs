@@ -269,11 +269,23 @@ pub struct MediaGrid {
     /// (height, width) in pixels of the source image: LLaVA-NeXT unpads its features by it
     /// (0 when no family needs it).
     pub size: [usize; 2],
+    /// Log-mel frames of an audio clip; 0 for images and videos. An audio item's other fields
+    /// mean nothing: it never reaches the vision tower or the vision position index.
+    pub audio_frames: usize,
 }
 
 impl MediaGrid {
     pub fn image(thw: [usize; 3]) -> Self {
-        MediaGrid { thw, is_video: false, second_per_grid: 0.0, frames: 0, size: [0, 0] }
+        MediaGrid { thw, is_video: false, second_per_grid: 0.0, frames: 0, size: [0, 0], audio_frames: 0 }
+    }
+
+    /// An audio clip of `frames` log-mel frames.
+    pub fn audio(frames: usize) -> Self {
+        MediaGrid { thw: [0, 0, 0], audio_frames: frames, ..MediaGrid::image([0, 0, 0]) }
+    }
+
+    pub fn is_audio(&self) -> bool {
+        self.audio_frames > 0
     }
 
     /// Mid-time in seconds of each temporal step, as Qwen3-VL's processor writes it: frame
@@ -394,7 +406,7 @@ mod tests {
     /// pad the last step with the last frame (1.0 s twice).
     #[test]
     fn step_seconds_average_each_temporal_patch() {
-        let g = MediaGrid { thw: [2, 4, 4], is_video: true, second_per_grid: 1.0, frames: 4, size: [0, 0] };
+        let g = MediaGrid { thw: [2, 4, 4], is_video: true, second_per_grid: 1.0, frames: 4, size: [0, 0], audio_frames: 0 };
         assert_eq!(g.step_seconds(2), vec![0.25, 1.25]);
         let g = MediaGrid { frames: 3, ..g };
         assert_eq!(g.step_seconds(2), vec![0.25, 1.0]);

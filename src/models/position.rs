@@ -309,7 +309,7 @@ mod tests {
         ids.extend([ae, ve, 7]);
         let p = RopeParams { merge: 2, image_token: 460, video_token: v, video_time: VideoTime::Index };
         let tm = TmRope { audio_token: au, audio_start: as_, audio_end: ae, vision_start: vs, vision_end: ve, per_second: 25, per_chunk: 50 };
-        let video = MediaGrid { thw: [4, 2, 2], is_video: true, second_per_grid: 1.0, frames: 0, size: [0, 0] };
+        let video = MediaGrid { thw: [4, 2, 2], is_video: true, second_per_grid: 1.0, frames: 0, size: [0, 0], audio_frames: 0 };
         let (pos, delta) = tmrope_index(&ids, &[video], &p, &tm).unwrap();
         let mut t = vec![0, 1, 1, 2, 27];
         t.extend(2..52);

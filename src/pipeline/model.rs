@@ -39,19 +39,15 @@ pub struct AgentReply {
 
 pub trait AgentModel: Send + Sync {
     fn call(&self, call: AgentCall) -> Result<AgentReply>;
-    /// Prompt tokens for `messages` whose images have the given (frames, height, width).
-    fn count_tokens(&self, messages: &[Message], media_dims: &[(usize, usize, usize)]) -> Result<usize>;
+    /// Prompt tokens for `messages` with these media (counted from their sizes and lengths,
+    /// without preprocessing them).
+    fn count_tokens(&self, messages: &[Message], media: &[Media]) -> Result<usize>;
     fn context_window(&self) -> usize;
     /// Byte length of the decoded text after each of `tokens` (non-decreasing), so a field of
     /// a JSON output can be mapped back to the tokens that produced it.
     fn decoded_offsets(&self, tokens: &[u32]) -> Result<Vec<usize>>;
     /// Prefix-cache counters so far (None when the model has no cache).
     fn cache_stats(&self) -> Option<CacheStats>;
-}
-
-/// (frames, height, width) of each media item.
-pub fn media_dims(media: &[Media]) -> Vec<(usize, usize, usize)> {
-    media.iter().map(Media::dims).collect()
 }
 
 /// The real model: the paged engine behind its thread-safe handle. Token counting and
@@ -110,10 +106,10 @@ impl AgentModel for EngineModel {
         })
     }
 
-    fn count_tokens(&self, messages: &[Message], media_dims: &[(usize, usize, usize)]) -> Result<usize> {
+    fn count_tokens(&self, messages: &[Message], media: &[Media]) -> Result<usize> {
         let p = self.handle.preparer();
         p.processor.check_text_fits(messages, p.max_context())?;
-        p.processor.count_prompt_tokens(messages, media_dims)
+        p.processor.count_tokens_with(messages, media)
     }
 
     fn context_window(&self) -> usize {

@@ -21,7 +21,7 @@ use serde_json::Value;
 use super::caef::{self, Forecast};
 use super::frames::{self, FrameReport, Keyframe};
 use super::gra::{self, Verdict};
-use super::model::{media_dims, reply_logprobs, AgentCall, AgentModel};
+use super::model::{reply_logprobs, AgentCall, AgentModel};
 use super::mpa::{self, Evidence};
 use super::prompt::{Prompts, SharedContext};
 use super::psp::{self, Plan};
@@ -124,7 +124,7 @@ impl<'a> Pipeline<'a> {
         let probe = self.prompts.render("gra", self.vars(&SharedContext::build(self.prompts, d, &[])?, &State::default(), vec![], None, false))?;
         frames::fit_to_context(keyframes, report, |kf| {
             let shared = SharedContext::build(self.prompts, d, kf)?;
-            let n = self.model.count_tokens(&shared.messages(&probe), &media_dims(&shared.media))?;
+            let n = self.model.count_tokens(&shared.messages(&probe), &shared.media)?;
             // GRA's own output (double budget) plus room for the four upstream outputs it
             // quotes (schema-capped, so together about one budget).
             Ok(n + 3 * budget <= window)

@@ -11,6 +11,8 @@ pub enum Media {
     Image(RgbImage),
     /// Frames sampled at `fps` frames per second.
     Video { frames: Vec<RgbImage>, fps: f64 },
+    /// An audio clip, 16 kHz mono (for models with an audio encoder).
+    Audio(crate::audio::Pcm),
 }
 
 impl Media {
@@ -22,7 +24,12 @@ impl Media {
                 let (h, w) = frames.first().map(|f| (f.height() as usize, f.width() as usize)).unwrap_or((0, 0));
                 (frames.len(), h, w)
             }
+            Media::Audio(_) => (0, 0, 0),
         }
+    }
+
+    pub fn is_audio(&self) -> bool {
+        matches!(self, Media::Audio(_))
     }
 }
 
