@@ -260,3 +260,22 @@ fn a_thinker_saved_alone_loads_the_same() {
     let err = max_rel_err(&logits, &g["logits"].squeeze(0).unwrap());
     assert!(err <= 1e-4, "thinker alone: logits max rel err {err}");
 }
+
+/// The released configs in models/ (Qwen2.5-Omni-3B and -7B) count the thinker's parameters as
+/// transformers 4.57.1 does: `Qwen2_5OmniThinkerForConditionalGeneration` built from each
+/// file's `thinker_config` on the meta device holds text 3,085,938,688 / 7,615,616,512 (the 3B's
+/// head tied to its embedding), vision 668,684,288 / 676,550,144 and audio 637,676,544 /
+/// 639,647,232, of which merg leaves out the audio tower's unused `audio_bos_eos_token` table
+/// (2 × the text width). Qwen publishes no thinker-only count; the 7B's model page gives 10.7B
+/// for the whole model with the talker and token2wav, which merg does not load.
+#[test]
+fn released_configs_count_transformers_parameters() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (name, text, vision, audio, width) in [("qwen2.5-omni-3b", 3_085_938_688u64, 668_684_288u64, 637_676_544u64, 2048u64), ("qwen2.5-omni-7b", 7_615_616_512, 676_550_144, 639_647_232, 3584)] {
+        let cfg = merg::models::registry::read_config(&root.join(format!("models/{name}.json"))).unwrap();
+        let p = merg::models::registry::param_counts(&cfg).unwrap();
+        assert_eq!((p.text_linear + p.text_other, p.vision, p.audio + 2 * width), (text, vision, audio), "{name}");
+        assert_eq!(p.tied_head, name.ends_with("3b"), "{name}");
+        eprintln!("{name}: {} thinker parameters (text {text}, vision {vision}, audio {})", p.total(), p.audio);
+    }
+}
