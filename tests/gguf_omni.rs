@@ -269,3 +269,24 @@ fn mismatched_and_incomplete_files_are_named() {
         assert!(e.contains("mmproj-tiny-qwen2_5-omni-f32.gguf") && e.contains(key), "{key}: {e}");
     }
 }
+
+/// `merg info` and `merg plan` on the Q8_0 text file (its projector found beside it) name the
+/// family and format, count the audio tower, and plan both towers' weights as what loading
+/// holds (vision + audio at the default bf16, the sinusoid table the model computes left out).
+#[test]
+fn info_and_plan_read_the_omni_files() {
+    let q8 = gguf(DIR, "q8_0");
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_merg")).args(args).env("HF_HUB_OFFLINE", "1").output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let model = q8.text.to_str().unwrap();
+    let info = run(&["info", "--model", model]);
+    assert!(info.contains("family:    qwen2_5_omni") && info.contains("format:    q8_0") && info.contains("+ audio ") && info.contains("talker and token2wav"), "{info}");
+    let plan: serde_json::Value = serde_json::from_str(&run(&["plan", "--model", model, "--memory", "1GiB", "--json"])).unwrap();
+    let opened = merg::gguf::open(&q8).unwrap();
+    let p = merg::models::registry::param_counts(&opened.config).unwrap();
+    assert_eq!(plan["vision_weight_bytes"].as_u64(), Some((p.vision + p.audio) * 2), "{plan}");
+    assert_eq!(plan["params"]["audio"].as_u64(), Some(p.audio), "{plan}");
+}
