@@ -43,6 +43,9 @@ FAMILIES = [
     ("qwen2_5-vl", "tiny-qwen2_5-vl", "qwen2", False),
     ("qwen3-vl", "tiny-qwen3-vl", "qwen2", False),
     ("qwen3_5", "tiny-qwen3_5", "qwen35", True),
+    # Qwen2.5-Omni's thinker: the text as `qwen2vl`, the vision and audio towers in one `qwen2.5o`
+    # projector (conversion/qwenvl.py's Qwen25OmniModel); talker and token2wav are not converted.
+    ("qwen2_5-omni", "tiny-qwen2_5-omni", "qwen2", False),
 ]
 
 SHIM = r'''
@@ -166,8 +169,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp", required=True, type=Path, help="vendor/llama.cpp of the llama-cpp-python sdist")
     ap.add_argument("--python5", default=sys.executable, help="an interpreter with transformers 5 (Qwen3.5)")
-    ap.add_argument("--only", choices=["all", "gemma-llava"], default="all",
-                    help="gemma-llava: only the SentencePiece families (scripts/gguf_spm_fixtures.py)")
+    ap.add_argument("--only", choices=["all", "gemma-llava", "omni"], default="all",
+                    help="gemma-llava: only the SentencePiece families (scripts/gguf_spm_fixtures.py); omni: only Qwen2.5-Omni")
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     import gguf_spm_fixtures
@@ -175,6 +178,8 @@ def main():
         gguf_spm_fixtures.make(sys.executable, a.llama_cpp, llama_goldens, gguf_py_hashes)
         return
     for d, ckpt, pre, needs5 in FAMILIES:
+        if a.only == "omni" and d != "qwen2_5-omni":
+            continue
         py = a.python5 if needs5 else sys.executable
         dst = OUT / d
         dst.mkdir(exist_ok=True)
@@ -183,8 +188,11 @@ def main():
         convert(py, a.llama_cpp, pre, src, dst / f"tiny-{d}-q8_0.gguf", "q8_0")
         convert(py, a.llama_cpp, pre, src, dst / f"mmproj-tiny-{d}-f32.gguf", "f32", mmproj=True)
         for f in ("preprocessor_config.json", "video_preprocessor_config.json"):
-            shutil.copy(src / f, dst / f)
+            if (src / f).is_file():  # tiny-qwen2_5-omni has one processor config for both
+                shutil.copy(src / f, dst / f)
         print("wrote", d)
+    if a.only == "omni":
+        return
 
     moe_src = OUT / ".moe-hf"
     golden = moe_checkpoint(moe_src)

@@ -7,18 +7,17 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
-use common::gguf::{gguf, max_diff, shards};
+use common::gguf::{gguf, max_diff, renamed_key, shards, stored_f16, RoundedToF16};
 use common::{fixtures, golden, ids_i64, tiny_dir};
 use merg::generate::{forward_logits, prepare, SamplingParams, VisionInput};
 use merg::gguf::{GgufFile, GgufPaths};
 use merg::models::{DenseCache, MediaGrid, Model};
-use merg::weights::{index_shards, Expect, SafetensorsWeights, WeightSource, Weights};
+use merg::weights::{index_shards, SafetensorsWeights, WeightSource, Weights};
 
 /// (model_type, fixture folder).
 const FAMILIES: [(&str, &str); 2] = [("gemma3", "gemma3"), ("llava_next", "llava-next")];
@@ -27,44 +26,6 @@ const FAMILIES: [(&str, &str); 2] = [("gemma3", "gemma3"), ("llava_next", "llava
 fn gguf_model(paths: &GgufPaths) -> Arc<dyn Model> {
     let o = merg::gguf::open(paths).unwrap();
     merg::models::load(&o.config, Weights::new(Arc::new(o.weights), DType::F32, &Device::Cpu)).unwrap()
-}
-
-/// The safetensors checkpoint with the tensors the converter stores in f16 rounded to f16
-/// (Gemma 3's input projection, LLaVA's patch embedding and projector matrices: the
-/// converters write these in f16 even for F32 files).
-struct RoundedToF16 {
-    inner: SafetensorsWeights,
-    names: HashSet<String>,
-}
-
-impl WeightSource for RoundedToF16 {
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-
-    fn contains(&self, name: &str) -> bool {
-        self.inner.contains(name)
-    }
-
-    fn tensor(&self, name: &str, expect: Option<Expect>, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        let t = self.inner.tensor(name, expect, DType::F32, dev)?;
-        let t = if self.names.contains(name) { t.to_dtype(DType::F16)?.to_dtype(DType::F32)? } else { t };
-        t.to_dtype(dtype)
-    }
-}
-
-/// The hub names whose GGUF tensor is stored in f16.
-fn stored_f16(names: &[String], paths: &GgufPaths) -> HashSet<String> {
-    let files = [GgufFile::open(&paths.text).unwrap(), GgufFile::open(paths.mmproj.as_ref().unwrap()).unwrap()];
-    let g = merg::gguf::open(paths).unwrap().weights;
-    names
-        .iter()
-        .filter(|n| {
-            let Some(stored) = g.stored_name(n) else { return false };
-            stored.split(" + ").any(|s| files.iter().any(|f| f.info(s).is_some_and(|t| t.dtype == GgmlDType::F16)))
-        })
-        .cloned()
-        .collect()
 }
 
 /// What the converter left out: LLaVA's legacy projector converter drops the tower's layers
@@ -330,20 +291,6 @@ fn logits_agree_with_llama_cpp() {
             assert!(same >= 8, "{family} {kind}: greedy parted from llama.cpp at token {same}: {ours:?} vs {greedy:?}");
         }
     }
-}
-
-/// A copy of `src` in `dir` with the metadata key `from` renamed to `to` (same length, so the
-/// file stays well formed and the key is simply absent).
-fn renamed_key(src: &Path, dir: &Path, from: &str, to: &str) -> PathBuf {
-    assert_eq!(from.len(), to.len());
-    let mut b = std::fs::read(src).unwrap();
-    let mut key = (from.len() as u64).to_le_bytes().to_vec();
-    key.extend(from.as_bytes());
-    let at = b.windows(key.len()).position(|w| w == key.as_slice()).expect("key in header") + 8;
-    b[at..at + to.len()].copy_from_slice(to.as_bytes());
-    let out = dir.join(src.file_name().unwrap());
-    std::fs::write(&out, b).unwrap();
-    out
 }
 
 fn open_err(paths: &GgufPaths) -> String {

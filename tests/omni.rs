@@ -11,9 +11,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
+use common::omni::{clips, greedy, logits_after, prepare, vision_input};
 use common::*;
-use merg::generate::{decode_inputs, forward_logits, VisionInput};
-use merg::models::{DenseCache, MediaGrid, Model, PromptInputs};
+use merg::generate::forward_logits;
+use merg::models::{DenseCache, Model};
 use merg::weights::Weights;
 
 const FAMILY: &str = "qwen2_5_omni";
@@ -35,66 +36,6 @@ fn weight_files() -> Vec<std::path::PathBuf> {
 /// Through the registry, as `merg` loads any checkpoint.
 fn load_with(config: &serde_json::Value, dtype: DType) -> anyhow::Result<Arc<dyn Model>> {
     merg::models::load(config, Weights::safetensors(&weight_files(), dtype, &test_device())?)
-}
-
-fn vision_input(g: &HashMap<String, Tensor>) -> VisionInput {
-    let mut media: Vec<MediaGrid> = grids(g.get("image_grid_thw")).into_iter().map(MediaGrid::image).collect();
-    let secs: Vec<f32> = g.get("video_second_per_grid").map(|t| t.to_vec1().unwrap()).unwrap_or_default();
-    for (i, thw) in grids(g.get("video_grid_thw")).into_iter().enumerate() {
-        media.push(MediaGrid { thw, is_video: true, second_per_grid: secs[i] as f64, frames: 0, size: [0, 0], audio_frames: 0 });
-    }
-    VisionInput { image_patches: g.get("pixel_values").cloned(), video_patches: g.get("pixel_values_videos").cloned(), media }
-}
-
-/// Each clip's log-mel frames `[mels, frames]`: the processor's features cut to the frames its
-/// attention mask marks valid (the goldens keep the longest clip's valid frames only).
-fn clips(g: &HashMap<String, Tensor>) -> Vec<Tensor> {
-    let (Some(features), Some(mask)) = (g.get("input_features"), g.get("feature_attention_mask")) else { return vec![] };
-    mask.to_vec2::<i64>()
-        .unwrap()
-        .iter()
-        .enumerate()
-        .map(|(b, row)| {
-            let frames = row.iter().sum::<i64>() as usize;
-            assert!(row[..frames].iter().all(|&m| m == 1), "valid frames first");
-            features.get(b).unwrap().narrow(1, 0, frames).unwrap()
-        })
-        .collect()
-}
-
-fn prepare(model: &dyn Model, ids: &[u32], g: &HashMap<String, Tensor>) -> anyhow::Result<(PromptInputs, Vec<Tensor>)> {
-    let vis = vision_input(g);
-    let feats = vis.items()?.iter().map(|(p, m)| model.encode_media(p, m)).collect::<anyhow::Result<Vec<_>>>()?;
-    let audio = clips(g).iter().map(|c| model.encode_audio(c)).collect::<anyhow::Result<Vec<_>>>()?;
-    Ok((model.prepare_prompt_with_audio(ids, &vis.media, &feats, &audio)?, audio))
-}
-
-/// Greedy continuation on a dense cache (the reference loop of `generate::generate`, with audio).
-fn greedy(model: &dyn Model, prefill: &PromptInputs, len: usize, n: usize) -> Vec<u32> {
-    let mut cache = DenseCache::new();
-    let mut logits = forward_logits(model, prefill, &mut cache, 1).unwrap();
-    let mut out = vec![];
-    for step in 0..n {
-        let tok = logits.squeeze(0).unwrap().argmax(0).unwrap().to_scalar::<u32>().unwrap();
-        out.push(tok);
-        if step + 1 < n {
-            let inputs = decode_inputs(model, tok, len + step, prefill.rope_delta).unwrap();
-            logits = forward_logits(model, &inputs, &mut cache, 1).unwrap();
-        }
-    }
-    out
-}
-
-/// Next-token logits after the prompt and `forced` generated tokens (decoded one by one, as
-/// generation feeds them: a generated placeholder id is plain text, not a media slot).
-fn logits_after(model: &dyn Model, prefill: &PromptInputs, len: usize, forced: &[u32]) -> Vec<f32> {
-    let mut cache = DenseCache::new();
-    let mut logits = forward_logits(model, prefill, &mut cache, 1).unwrap();
-    for (step, &tok) in forced.iter().enumerate() {
-        let inputs = decode_inputs(model, tok, len + step, prefill.rope_delta).unwrap();
-        logits = forward_logits(model, &inputs, &mut cache, 1).unwrap();
-    }
-    logits.squeeze(0).unwrap().to_vec1().unwrap()
 }
 
 fn golden_ids(g: &HashMap<String, Tensor>, key: &str) -> Vec<u32> {
@@ -318,4 +259,23 @@ fn a_thinker_saved_alone_loads_the_same() {
     let logits = forward_logits(&*model, &prefill, &mut DenseCache::new(), ids.len()).unwrap();
     let err = max_rel_err(&logits, &g["logits"].squeeze(0).unwrap());
     assert!(err <= 1e-4, "thinker alone: logits max rel err {err}");
+}
+
+/// The released configs in models/ (Qwen2.5-Omni-3B and -7B) count the thinker's parameters as
+/// transformers 4.57.1 does: `Qwen2_5OmniThinkerForConditionalGeneration` built from each
+/// file's `thinker_config` on the meta device holds text 3,085,938,688 / 7,615,616,512 (the 3B's
+/// head tied to its embedding), vision 668,684,288 / 676,550,144 and audio 637,676,544 /
+/// 639,647,232, of which merg leaves out the audio tower's unused `audio_bos_eos_token` table
+/// (2 × the text width). Qwen publishes no thinker-only count; the 7B's model page gives 10.7B
+/// for the whole model with the talker and token2wav, which merg does not load.
+#[test]
+fn released_configs_count_transformers_parameters() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (name, text, vision, audio, width) in [("qwen2.5-omni-3b", 3_085_938_688u64, 668_684_288u64, 637_676_544u64, 2048u64), ("qwen2.5-omni-7b", 7_615_616_512, 676_550_144, 639_647_232, 3584)] {
+        let cfg = merg::models::registry::read_config(&root.join(format!("models/{name}.json"))).unwrap();
+        let p = merg::models::registry::param_counts(&cfg).unwrap();
+        assert_eq!((p.text_linear + p.text_other, p.vision, p.audio + 2 * width), (text, vision, audio), "{name}");
+        assert_eq!(p.tied_head, name.ends_with("3b"), "{name}");
+        eprintln!("{name}: {} thinker parameters (text {text}, vision {vision}, audio {})", p.total(), p.audio);
+    }
 }

@@ -120,7 +120,7 @@ fn model_type(arch: Arch, projector: &str, text: &GgufFile, mm: &GgufFile) -> Re
 }
 
 /// The text part of the config.
-fn text_config(f: &GgufFile, arch: Arch, a: &str) -> Result<Map<String, Value>> {
+pub(crate) fn text_config(f: &GgufFile, arch: Arch, a: &str) -> Result<Map<String, Value>> {
     let heads = int(f, &format!("{a}.attention.head_count"))?;
     let hidden = int(f, &format!("{a}.embedding_length"))?;
     // block_count includes the multi-token-prediction layers (Qwen3.5), which merg does not run.
@@ -193,7 +193,7 @@ fn text_config(f: &GgufFile, arch: Arch, a: &str) -> Result<Map<String, Value>> 
 }
 
 /// The vision part of the config, from the projector file.
-fn vision_config(mm: &GgufFile, model_type: &str, text_hidden: usize) -> Result<Map<String, Value>> {
+pub(crate) fn vision_config(mm: &GgufFile, model_type: &str, text_hidden: usize) -> Result<Map<String, Value>> {
     let k = |s: &str| format!("clip.vision.{s}");
     let width = int(mm, &k("embedding_length"))?;
     let depth = int(mm, &k("block_count"))?;

@@ -1,12 +1,13 @@
 //! Checkpoints in llama.cpp's GGUF files: a text model (`qwen2vl`, `qwen3vl`, `qwen3vlmoe`,
 //! `qwen35`, `gemma3`, and `llama` as LLaVA-NeXT's decoder) plus its vision projector
-//! (`mmproj-*.gguf`). The config comes from their metadata,
+//! (`mmproj-*.gguf`; Qwen2.5-Omni's `qwen2.5o` projector holds its audio tower too). The config comes from their metadata,
 //! the tokenizer and chat template from the metadata unless the HF tokenizer.json sits beside
 //! them, and the weights through `GgufWeights`, which keeps block-quantized linear weights in
 //! their blocks. See `names` for the tensor mapping.
 
 pub mod config;
 pub mod config_gemma_llava;
+pub mod config_omni;
 pub mod file;
 pub mod format;
 pub mod hub;
@@ -288,6 +289,7 @@ pub fn open(paths: &GgufPaths) -> Result<Opened> {
     };
     let config = match arch {
         names::Arch::Gemma3 | names::Arch::Llama => config_gemma_llava::config(&text, &mm, arch)?,
+        _ if config_omni::is_omni(&mm) => config_omni::config(&text, &mm)?,
         _ => {
             let ids = config::TokenIds {
                 image: tokenizer::token_id(&text, "<|image_pad|>")?,
@@ -345,7 +347,7 @@ pub fn load_cost(text: &GgufFile, vision: Option<&GgufFile>, dense_bytes: f64, g
     for (i, f) in std::iter::once(text).chain(vision).enumerate() {
         let tied = f.info("output.weight").is_none();
         let mut joins: std::collections::HashMap<String, u64> = Default::default();
-        for (name, t) in f.header.tensors.iter().filter(|(name, _)| !is_mtp(f, name)) {
+        for (name, t) in f.header.tensors.iter().filter(|(name, _)| !is_mtp(f, name) && !never_read(name)) {
             let elems: usize = t.dims.iter().product();
             let (stored, dense) = (t.len as u64, (elems as f64 * dense_bytes) as u64);
             let float = t.dtype.block_size() == 1;
@@ -380,6 +382,12 @@ fn joined_group(name: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// Tensors the converter adds that the model computes instead: Qwen2.5-Omni's sinusoidal
+/// audio positions (1500 rows; the tower makes its window's rows itself).
+fn never_read(name: &str) -> bool {
+    name == "a.position_embd.weight"
 }
 
 /// Whether `name` belongs to a multi-token-prediction block (Qwen3.5), which merg skips.

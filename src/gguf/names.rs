@@ -9,7 +9,8 @@
 pub enum Part {
     /// The language model (`general.architecture` qwen2vl, qwen3vl, qwen3vlmoe, qwen35, gemma3, llama).
     Text,
-    /// The vision projector (`mmproj-*.gguf`, architecture `clip`).
+    /// The vision projector (`mmproj-*.gguf`, architecture `clip`); Qwen2.5-Omni's also holds
+    /// the audio tower.
     Vision,
 }
 
@@ -27,6 +28,9 @@ pub enum Layout {
     GateUp(String, String),
     /// Fused MoE `down_proj` `[E, inter, hidden]` from `ffn_down_exps` `[E, hidden, inter]`.
     Swap12(String),
+    /// A vector stored as a `[C, 1]` column (Qwen2.5-Omni's audio conv biases, which the
+    /// converter unsqueezes for ggml's broadcast add).
+    Column(String),
 }
 
 /// A value transform applied after the layout (the Qwen3.5 and Gemma 3 converters change values).
@@ -169,6 +173,9 @@ fn same(part: Part, name: String) -> Located {
 /// `model.multi_modal_projector.`, `model.image_newline`) to a canonical `model.…` / `visual.…`
 /// / `vision_tower.…` / `multi_modal_projector.…` / `image_newline`.
 fn canonical(name: &str) -> String {
+    // Qwen2.5-Omni's released layout nests the thinker (`thinker.model.`, `thinker.visual.`,
+    // `thinker.audio_tower.`); the converter strips it as well.
+    let name = name.strip_prefix("thinker.").unwrap_or(name);
     if let Some(rest) = name.strip_prefix("model.language_model.").or_else(|| name.strip_prefix("language_model.model.")) {
         format!("model.{rest}")
     } else if name == "language_model.lm_head.weight" {
@@ -187,6 +194,9 @@ pub fn locate(name: &str, arch: Arch, heads: Heads, has_output: bool) -> Option<
     let name = canonical(name);
     if let Some(rest) = name.strip_prefix("visual.") {
         return locate_vision(rest);
+    }
+    if let Some(rest) = name.strip_prefix("audio_tower.") {
+        return locate_audio(rest);
     }
     if let Some(rest) = name.strip_prefix("vision_tower.vision_model.") {
         return locate_tower(rest);
@@ -321,6 +331,10 @@ fn locate_vision(rest: &str) -> Option<Located> {
         "mlp.fc1" | "mlp.up_proj" | "mlp.linear_fc1" => "ffn_up",
         "mlp.fc2" | "mlp.down_proj" | "mlp.linear_fc2" => "ffn_down",
         "mlp.gate_proj" => "ffn_gate",
+        // Qwen2.5-Omni's tower keeps q, k and v apart (the converter maps them one to one).
+        "attn.q" => "attn_q",
+        "attn.k" => "attn_k",
+        "attn.v" => "attn_v",
         // Qwen2/2.5-VL's converter splits qkv; Qwen3-VL's keeps it (`attn_qkv`). The source
         // tries the fused name first.
         "attn.qkv" => {
@@ -330,6 +344,42 @@ fn locate_vision(rest: &str) -> Option<Located> {
         _ => return None,
     };
     v(blk(s))
+}
+
+/// Qwen2.5-Omni's Whisper-style audio tower (`audio_tower.` stripped), as the converter's
+/// `Qwen25AudioModel` writes it into the projector: convolutions `a.conv1d.{1,2}` (weights in
+/// f16 at every output type, biases as `[C, 1]` columns), layers `a.blk.*` under the ViT
+/// names, `a.post_ln`, and the projection as `mm.a.fc`. The sinusoidal table it adds
+/// (`a.position_embd.weight`) is computed by the model, and the unused `audio_bos_eos_token`
+/// is not written.
+fn locate_audio(rest: &str) -> Option<Located> {
+    let (stem, suffix) = rest.rsplit_once('.')?;
+    let stored = match stem {
+        "conv1" | "conv2" => {
+            let s = format!("a.conv1d.{}.{suffix}", &stem[4..]);
+            let layout = if suffix == "bias" { Layout::Column(s) } else { Layout::Same(s) };
+            return Some(Located { part: Part::Vision, layout, value: None, permute: None, unsqueeze1: false });
+        }
+        "ln_post" => format!("a.post_ln.{suffix}"),
+        "proj" => format!("mm.a.fc.{suffix}"),
+        _ => {
+            let (i, leaf) = stem.strip_prefix("layers.")?.split_once('.')?;
+            let i: usize = i.parse().ok()?;
+            let s = match leaf {
+                "self_attn.q_proj" => "attn_q",
+                "self_attn.k_proj" => "attn_k",
+                "self_attn.v_proj" => "attn_v",
+                "self_attn.out_proj" => "attn_out",
+                "self_attn_layer_norm" => "ln1",
+                "final_layer_norm" => "ln2",
+                "fc1" => "ffn_up",
+                "fc2" => "ffn_down",
+                _ => return None,
+            };
+            format!("a.blk.{i}.{s}.{suffix}")
+        }
+    };
+    Some(same(Part::Vision, stored))
 }
 
 /// A CLIP or SigLIP tower (`vision_tower.vision_model.` stripped: LLaVA-NeXT, Gemma 3). The
@@ -406,6 +456,29 @@ mod tests {
         assert_eq!(n.value, Some(Value::MinusOne));
         let n = locate("model.layers.0.linear_attn.norm.weight", Arch::Qwen35, h, true).unwrap();
         assert_eq!((n.layout, n.value), (Layout::Same("blk.0.ssm_norm.weight".into()), None));
+    }
+
+    /// Qwen2.5-Omni's thinker (`thinker.` stripped): the audio tower in the projector under the
+    /// converter's `a.*` / `mm.a.fc` names, its conv biases as columns, the vision tower's
+    /// separate q/k/v.
+    #[test]
+    fn omni_names_follow_the_converter() {
+        let l = |n| locate(n, Arch::Qwen2Vl, Heads::default(), true).map(|l| (l.part, l.layout));
+        let vision = |s: &str| Some((Part::Vision, Layout::Same(s.into())));
+        assert_eq!(l("thinker.audio_tower.conv2.weight"), vision("a.conv1d.2.weight"));
+        assert_eq!(l("thinker.audio_tower.conv1.bias"), Some((Part::Vision, Layout::Column("a.conv1d.1.bias".into()))));
+        assert_eq!(l("audio_tower.layers.1.self_attn_layer_norm.bias"), vision("a.blk.1.ln1.bias"));
+        assert_eq!(l("audio_tower.layers.0.final_layer_norm.weight"), vision("a.blk.0.ln2.weight"));
+        assert_eq!(l("audio_tower.layers.0.self_attn.out_proj.weight"), vision("a.blk.0.attn_out.weight"));
+        assert_eq!(l("audio_tower.layers.0.fc1.weight"), vision("a.blk.0.ffn_up.weight"));
+        assert_eq!(l("audio_tower.layers.0.fc2.bias"), vision("a.blk.0.ffn_down.bias"));
+        assert_eq!(l("audio_tower.ln_post.weight"), vision("a.post_ln.weight"));
+        assert_eq!(l("thinker.audio_tower.proj.bias"), vision("mm.a.fc.bias"));
+        assert_eq!(l("thinker.visual.blocks.2.attn.k.bias"), vision("v.blk.2.attn_k.bias"));
+        assert_eq!(l("thinker.model.layers.0.mlp.up_proj.weight"), Some((Part::Text, Layout::Same("blk.0.ffn_up.weight".into()))));
+        assert_eq!(l("thinker.lm_head.weight"), Some((Part::Text, Layout::Same("output.weight".into()))));
+        assert_eq!(l("audio_tower.audio_bos_eos_token.weight"), None);
+        assert_eq!(l("talker.model.layers.0.mlp.up_proj.weight"), None);
     }
 
     /// Gemma 3's and LLaVA-NeXT's names in every transformers layout, Gemma's `w + 1` norms.

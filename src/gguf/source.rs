@@ -65,7 +65,7 @@ impl GgufWeights {
             }
         }
         let parts = match &loc.layout {
-            Layout::Same(s) | Layout::Swap12(s) => vec![s.clone()],
+            Layout::Same(s) | Layout::Swap12(s) | Layout::Column(s) => vec![s.clone()],
             Layout::Temporal(a, b) | Layout::GateUp(a, b) => vec![a.clone(), b.clone()],
             // The fused name when the converter kept it, else the three parts.
             Layout::Rows(v) if file.info(&v[0]).is_some() => vec![v[0].clone()],
@@ -93,6 +93,7 @@ impl GgufWeights {
                 Tensor::cat(&[g, u], D::Minus1)?.contiguous()?
             }
             Layout::Swap12(_) => self.dense(file, &parts[0])?.transpose(1, 2)?.contiguous()?,
+            Layout::Column(_) => self.dense(file, &parts[0])?.flatten_all()?,
         };
         let t = match loc.permute {
             Some(p) => permute(&t, p)?,

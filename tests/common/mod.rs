@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod gguf;
+pub mod omni;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
