@@ -68,6 +68,12 @@ impl Processor {
         self.hearing.is_some()
     }
 
+    /// Seconds of audio one clip can hold (the feature extractor's chunk: 30 s for
+    /// Qwen2.5-Omni); a longer clip is truncated to it. `None` for models that do not hear.
+    pub fn audio_window(&self) -> Option<f64> {
+        self.hearing.as_ref().map(|h| h.mel.config().chunk_seconds as f64)
+    }
+
     fn hearing(&self) -> Result<&Hearing> {
         self.hearing.as_ref().context("this model takes no audio")
     }
