@@ -11,7 +11,7 @@
 //! piecewise-equal); for data that holds them, the text is BPE-split into ordinary pieces,
 //! like tiktoken with `disallowed_special=()`.
 
-use crate::chat::{find_chat_template, ChatTemplate, ContentPart, Message};
+use crate::chat::{template_and_tokens, ChatTemplate, ContentPart, Message};
 use anyhow::{anyhow, bail, Context, Result};
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -196,7 +196,7 @@ pub enum Placeholder {
 
 impl ChatTokenizer {
     /// Loads `dir/tokenizer.json` and the chat template found beside it
-    /// (see [`find_chat_template`]: `chat_template.jinja`, `chat_template.json`, then
+    /// (see [`crate::chat::find_chat_template`]: `chat_template.jinja`, `chat_template.json`, then
     /// `tokenizer_config.json`). A missing template is not an error until `encode_chat`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let tok = dir.join("tokenizer.json");
@@ -206,9 +206,13 @@ impl ChatTokenizer {
                 dir.display()
             );
         }
-        let template = find_chat_template(dir)
+        // One read of tokenizer_config.json gives both the template's last fallback and the
+        // special-token strings the template may name.
+        let (template, tokens) = template_and_tokens(dir)
             .with_context(|| format!("looking for a chat template in {}", dir.display()))?;
-        Self::from_files(&tok, template)
+        let mut t = Self::from_json_file(&tok, template)?;
+        t.set_template_tokens(tokens);
+        Ok(t)
     }
 
     /// Gives the chat template the special-token strings it may name (`bos_token`: Gemma's
@@ -222,12 +226,16 @@ impl ChatTokenizer {
 
     /// Loads a tokenizer.json and compiles `chat_template` when given.
     pub fn from_files(tokenizer_json: &Path, chat_template: Option<String>) -> Result<Self> {
-        let text = crate::input::read_string(tokenizer_json, &crate::input::TOKENIZER)?;
-        let mut tok = Self::from_json(&text, &tokenizer_json.display().to_string(), chat_template)?;
+        let mut tok = Self::from_json_file(tokenizer_json, chat_template)?;
         if let Some(dir) = tokenizer_json.parent() {
             tok.set_template_tokens(crate::chat::template_tokens(dir)?);
         }
         Ok(tok)
+    }
+
+    fn from_json_file(tokenizer_json: &Path, chat_template: Option<String>) -> Result<Self> {
+        let text = crate::input::read_string(tokenizer_json, &crate::input::TOKENIZER)?;
+        Self::from_json(&text, &tokenizer_json.display().to_string(), chat_template)
     }
 
     /// A tokenizer.json's text; `origin` names it in errors (a path, or the GGUF file it was
