@@ -26,10 +26,11 @@ pixel_values(_videos), grids, video_second_per_grid; and audio_features (the aud
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 from pathlib import Path
+
+import make_goldens as mg
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "tests" / "fixtures" / "tiny-qwen2_5-omni"
@@ -336,33 +337,10 @@ def run_case(case, proc, model):
     with torch.no_grad():
         logits = model(**kw, use_cache=False).logits.float()
     pos, delta = rope(model, inputs, in_video)
-    gc = transformers.GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                       eos_token_id=None, pad_token_id=ids()["<|endoftext|>"], bos_token_id=None,
-                                       top_p=None, top_k=None, temperature=None, output_logits=True,
-                                       return_dict_in_generate=True)
-    model.rope_deltas = None
-    with torch.no_grad():
-        gen = model.generate(**kw, generation_config=gc)
-    greedy = gen.sequences[0, L:]
-    margins = []
-    for step, lg in enumerate(gen.logits):
-        top = torch.topk(lg[0].float(), 2)
-        assert int(top.indices[0]) == int(greedy[step])
-        margins.append(float(top.values[0] - top.values[1]))
+    model.rope_deltas = None  # no rope delta left over from the forward above
+    greedy, margins = mg.greedy_with_margins(model, kw, NEW_TOKENS, ids()["<|endoftext|>"])
     assert int(logits[0, -1].argmax()) == int(greedy[0])
-    tensors = {
-        "input_ids": inputs["input_ids"].to(torch.int64).contiguous(),
-        "position_ids": pos[:, 0, :].to(torch.int64).contiguous(),
-        "rope_deltas": delta.to(torch.int64).reshape(1, 1).contiguous(),
-        "logits": logits.contiguous(),
-        "greedy_ids": greedy.to(torch.int64).contiguous(),
-    }
-    for k in ("pixel_values", "pixel_values_videos"):
-        if k in inputs:
-            tensors[k] = inputs[k].to(torch.float32).contiguous()
-    for k in ("image_grid_thw", "video_grid_thw"):
-        if k in inputs:
-            tensors[k] = inputs[k].to(torch.int64).contiguous()
+    tensors = mg.golden_tensors(inputs, pos[:, 0, :], delta, logits, greedy)
     if "video_second_per_grid" in inputs:
         tensors["video_second_per_grid"] = inputs["video_second_per_grid"].to(torch.float32).contiguous()
     if "input_features" in inputs:
