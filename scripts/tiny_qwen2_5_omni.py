@@ -159,24 +159,18 @@ def tokenizer_config() -> dict:
     return cfg
 
 
-def init_weights(model):
-    """Random weights larger than the default init (clear greedy margins); LayerNorm / RMSNorm weights around 1."""
-    import torch
-
-    g = torch.Generator().manual_seed(SEED)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            leaf = name.rsplit(".", 1)[0]
-            if "norm" in leaf or "ln_" in leaf:
-                p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
-            elif name.endswith(".bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-            elif "embed_tokens" in name or "audio_bos_eos_token" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-            elif "conv" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+def init_rule(name, leaf):
+    """(mean, std) of each weight: larger than the default init (clear greedy margins); LayerNorm / RMSNorm weights
+    around 1."""
+    if "norm" in leaf or "ln_" in leaf:
+        return 1.0, 0.1
+    if name.endswith(".bias"):
+        return 0.0, 0.05
+    if "embed_tokens" in name or "audio_bos_eos_token" in name:
+        return 0.0, 0.5
+    if "conv" in name:
+        return 0.0, 0.1
+    return 0.0, 0.2
 
 
 def thinker_class():
@@ -210,7 +204,7 @@ def make_checkpoint():
     torch.manual_seed(0)
     tcfg = transformers.Qwen2_5OmniThinkerConfig(**cfg["thinker_config"])
     model = thinker_class()(tcfg).to(torch.float32).eval()
-    init_weights(model)
+    mtc.init_by_rule(model, SEED, init_rule)
     sd = {"thinker." + k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(SEED + 1)
     for k, shape in TALKER_TENSORS.items():
