@@ -186,13 +186,19 @@ pub fn auto_kv_bytes(available: u64, reserve: u64, kv_per_token: u64, max_tokens
 /// well either: 7.3 MiB kept per layer holding 3.9 on a file of 1 MiB tensors). After loading
 /// the threshold goes to glibc's ceiling instead (and the heap is trimmed only past 128 MiB free): a step's activations of a few MiB are then
 /// reused from the heap, where with the 4 MiB threshold each would be mapped and faulted in
-/// afresh (prefill measured 28 % slower that way). Only glibc is tuned; other allocators and
+/// afresh (prefill measured 28 % slower that way). glibc maps every block over its ceiling
+/// (32 MiB) whatever the threshold says, and a 1024-token prefill's MLP activations (45 MiB at
+/// an 11008-wide MLP) or four keyframes' vision-tower activations are such blocks: mapped,
+/// faulted in and unmapped again on every step. So after loading nothing is mapped by malloc at
+/// all (`M_MMAP_MAX` 0): those blocks come from the heap too and are reused, and the trim
+/// threshold still gives a free top of heap back. Only glibc is tuned; other allocators and
 /// systems are left alone.
 pub struct Loading(());
 
 impl Loading {
     pub fn begin() -> Self {
         mallopt_pair(256 << 10, 1 << 20);
+        mallopt(libc_m_mmap_max(), GLIBC_MMAP_MAX_DEFAULT);
         trim();
         Loading(())
     }
@@ -201,8 +207,32 @@ impl Loading {
 impl Drop for Loading {
     fn drop(&mut self) {
         mallopt_pair(32 << 20, 128 << 20);
+        mallopt(libc_m_mmap_max(), 0);
         trim();
     }
+}
+
+/// glibc's default cap on blocks served by mmap (`DEFAULT_MMAP_MAX`).
+const GLIBC_MMAP_MAX_DEFAULT: i32 = 65536;
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn libc_m_mmap_max() -> i32 {
+    libc::M_MMAP_MAX
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn libc_m_mmap_max() -> i32 {
+    0
+}
+
+fn mallopt(param: i32, value: i32) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes the allocator's tuning parameters.
+    unsafe {
+        libc::mallopt(param, value);
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = (param, value);
 }
 
 /// Gives the heap's free pages back to the system, wherever they lie (`malloc_trim`): parsing
@@ -219,10 +249,9 @@ fn trim() {
 
 fn mallopt_pair(mmap_threshold: i32, trim_threshold: i32) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes the allocator's tuning thresholds.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap_threshold);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, trim_threshold);
+    {
+        mallopt(libc::M_MMAP_THRESHOLD, mmap_threshold);
+        mallopt(libc::M_TRIM_THRESHOLD, trim_threshold);
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     let _ = (mmap_threshold, trim_threshold);
