@@ -29,7 +29,12 @@ pub struct TestServer {
 
 impl TestServer {
     pub fn start(limits: Limits, api_key: Option<&str>) -> Self {
-        let dir = super::tiny_dir("qwen2_5_vl");
+        Self::start_family("qwen2_5_vl", limits, api_key)
+    }
+
+    /// A server for another tiny checkpoint (e.g. `qwen2_5_omni`, which hears).
+    pub fn start_family(family: &str, limits: Limits, api_key: Option<&str>) -> Self {
+        let dir = super::tiny_dir(family);
         let files = merg::hub::resolve(dir.to_str().unwrap(), None).unwrap();
         let ckpt = Checkpoint::load(files, &Device::Cpu, Some(DType::F32)).unwrap();
         let engine = EngineThread::spawn(Engine::new(ckpt, EngineConfig { kv_memory: KvMemory::Blocks(512), ..Default::default() }).unwrap());
@@ -45,7 +50,7 @@ impl TestServer {
             frames: Default::default(),
             prompts: Prompts::builtin(),
             memory: Some(Memory::from_jsonl(&examples.join("memory.jsonl")).unwrap()),
-            info: ModelInfo { family: "qwen2_5_vl".into(), dtype: "f32".into(), ..Default::default() },
+            info: ModelInfo { family: family.into(), dtype: "f32".into(), ..Default::default() },
         };
         let state = AppState::new(engine.handle.clone(), cfg);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
