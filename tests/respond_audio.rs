@@ -50,7 +50,11 @@ fn respond(family: &str, dialogue: &Path, trace: &Path, extra: &[&str]) -> Outpu
     Command::new(env!("CARGO_BIN_EXE_merg"))
         .args(["respond", "--model", tiny_dir(family).to_str().unwrap(), "--dialogue"])
         .arg(dialogue)
-        .args(["--trace", trace.to_str().unwrap(), "--max-new-tokens", "240", "--max-field-chars", "16", "--kv-memory", "blocks:512", "--top-k", "0"])
+        // The tiny random model fills every cue list to its bound (3 textual, 3 visual, 3 acoustic):
+        // MPA needs more than the 240 tokens of the keyframe-only tests (whose models' context
+        // holds no more).
+        .args(["--trace", trace.to_str().unwrap(), "--max-new-tokens", if family == OMNI { "400" } else { "240" }])
+        .args(["--max-field-chars", "16", "--kv-memory", "blocks:512", "--top-k", "0"])
         .args(extra)
         .output()
         .unwrap()
