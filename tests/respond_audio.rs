@@ -162,6 +162,41 @@ fn bad_audio_names_the_file_or_with_skip_bad_media_is_a_note() {
     assert!(!out.status.success() && e.contains("--audio: 1 files given, but the dialogue has 3 turns"), "{e}");
 }
 
+/// `merg eval` on MELD with a video root: each history turn's utterance clip is heard through
+/// its video path; a clip without sound is noted, not an error.
+#[test]
+fn merg_eval_on_meld_hears_the_utterance_clips() {
+    let dir = tempfile::tempdir().unwrap();
+    let clips = dir.path().join("clips");
+    std::fs::create_dir(&clips).unwrap();
+    std::fs::copy(media("tone.mp4"), clips.join("dia0_utt0.mp4")).unwrap();
+    std::fs::copy(media("clip.mp4"), clips.join("dia0_utt1.mp4")).unwrap();
+    let out = dir.path().join("run");
+    let o = Command::new(env!("CARGO_BIN_EXE_merg"))
+        .args(["eval", "--dataset", "meld", "--split", "test", "--quiet", "--data-dir"])
+        .arg(fixtures().join("data/meld/clean"))
+        .arg("--video-root")
+        .arg(&clips)
+        .args(["--model", tiny_dir(OMNI).to_str().unwrap(), "--out"])
+        .arg(&out)
+        .args(["--no-bertscore", "--no-emotion-polarity", "--max-new-tokens", "400", "--max-field-chars", "16", "--kv-memory", "blocks:512"])
+        .args(["--t-max", "0", "--no-gra", "--no-psp", "--limit", "2"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let records: Vec<Value> = std::fs::read_to_string(out.join("results.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rec = |key: &str| records.iter().find(|r| r["key"] == key).unwrap_or_else(|| panic!("{key} in {records:?}"));
+    for key in ["meld/test/dia0_utt1", "meld/test/dia0_utt2"] {
+        let r = rec(key);
+        assert!(r["error"].is_null(), "{r}");
+        assert_eq!(r["trace"]["audio_clips"], 1, "{key}: utt0's clip is heard: {r}");
+    }
+    let notes = rec("meld/test/dia0_utt2")["trace"]["notes"].to_string();
+    assert!(notes.contains("dia0_utt1.mp4 has no audio stream"), "{notes}");
+    let cfg: Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!((cfg["max_audio"].as_u64(), cfg["pipeline"]["use_audio"].as_bool()), (Some(4), Some(true)));
+}
+
 #[cfg(feature = "serve")]
 #[test]
 fn the_merg_endpoint_takes_per_turn_base64_audio() {
