@@ -14,8 +14,8 @@ use merg::chat::{ContentPart, Message};
 use merg::dialogue::{Dialogue, Turn};
 use merg::engine::block_manager::CacheStats;
 use merg::generate::FinishReason;
-use merg::pipeline::frames::{FrameOptions, FrameReport, Keyframe};
-use merg::pipeline::hearing::{self, AudioReport, Clip};
+use merg::pipeline::frames::{FrameReport, Keyframe};
+use merg::pipeline::hearing::{AudioReport, Clip};
 use merg::pipeline::model::{AgentCall, AgentModel, AgentReply};
 use merg::pipeline::prompt::Prompts;
 use merg::pipeline::{Pipeline, PipelineConfig, Trace};
@@ -238,81 +238,86 @@ fn long_clips_are_cut_to_the_window_and_short_contexts_drop_the_oldest_media() {
     assert!(parts.iter().any(|p| p == "[A1] audio of T3: ") && !parts.iter().any(|p| p == "<image>"), "{parts:?}");
 }
 
-fn media(name: &str) -> std::path::PathBuf {
-    common::fixtures().join("media").join(name)
-}
-
-/// A dialogue whose turns carry the given audio files and clips.
-fn dialogue_with(sources: &[(Option<&str>, Option<&str>)]) -> Dialogue {
-    let mut d = dialogue();
-    d.turns = sources
-        .iter()
-        .enumerate()
-        .map(|(i, (a, v))| Turn { audio: a.map(media), video: v.map(media), ..Turn::new(if i % 2 == 0 { "Ann" } else { "Bo" }, format!("turn {i}")) })
-        .collect();
-    d
-}
-
+/// Real files (the mp4 clips need the `video` feature).
 #[cfg(feature = "video")]
-#[test]
-fn collect_takes_files_and_clip_tracks_notes_silent_clips_and_keeps_the_most_recent() {
-    let d = dialogue_with(&[(Some("omni_clip_b.wav"), None), (None, Some("tone.mp4")), (None, Some("clip.mp4")), (Some("omni_clip_a.wav"), Some("clip.mp4")), (None, None)]);
-    let mut r = AudioReport::default();
-    let clips = hearing::collect(&d, &FrameOptions::default(), &mut r).unwrap();
-    assert_eq!(clips.iter().map(|c| c.turn).collect::<Vec<_>>(), [0, 1, 3], "T3's clip has no audio stream; T4's own file wins over its clip");
-    assert_eq!(clips[2].pcm, merg::audio::load_audio(&media("omni_clip_a.wav")).unwrap());
-    assert_eq!(clips[1].pcm, merg::audio::load_clip_audio(&media("tone.mp4")).unwrap());
-    assert!(r.notes.iter().any(|n| n.starts_with("T3: the clip") && n.contains("clip.mp4 has no audio stream")), "{:?}", r.notes);
-    assert_eq!(r.kept.len(), 3);
-    // At most two: the newest are decoded, the oldest is not read at all.
-    let mut r = AudioReport::default();
-    let two = hearing::collect(&d, &FrameOptions { max_audio: 2, ..Default::default() }, &mut r).unwrap();
-    assert_eq!(two.iter().map(|c| c.turn).collect::<Vec<_>>(), [1, 3]);
-    assert!(r.dropped[0].ends_with("omni_clip_b.wav") && r.notes.iter().any(|n| n.contains("max_audio 2")), "{r:?}");
-}
+mod files {
+    use super::*;
+    use merg::pipeline::frames::FrameOptions;
+    use merg::pipeline::hearing;
 
-#[cfg(feature = "video")]
-#[test]
-fn bad_audio_names_the_file_or_is_skipped_with_a_note() {
-    let dir = tempfile::tempdir().unwrap();
-    let garbage = dir.path().join("garbage.wav");
-    std::fs::write(&garbage, b"this is not audio at all, just bytes").unwrap();
-    let empty = dir.path().join("empty.wav");
-    let spec = hound::WavSpec { channels: 1, sample_rate: 16000, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
-    hound::WavWriter::create(&empty, spec).unwrap().finalize().unwrap();
-    for (file, what) in [(garbage.clone(), "does not decode"), (media("clip.mp4"), "has no audio stream"), (empty.clone(), "empty")] {
-        let mut d = dialogue();
-        d.turns[1].audio = Some(file.clone());
-        let e = hearing::collect(&d, &FrameOptions::default(), &mut AudioReport::default()).unwrap_err();
-        let msg = format!("{e:#}");
-        assert!(msg.contains(&file.display().to_string()) && msg.contains(what) && msg.contains("audio of turn 2"), "{msg}");
-        let mut r = AudioReport::default();
-        let clips = hearing::collect(&d, &FrameOptions { skip_bad_media: true, ..Default::default() }, &mut r).unwrap();
-        assert!(clips.is_empty() && r.notes[0].starts_with("skipped unreadable audio") && r.notes[0].contains(&file.display().to_string()), "{r:?}");
+    fn media(name: &str) -> std::path::PathBuf {
+        common::fixtures().join("media").join(name)
     }
-}
 
-#[cfg(feature = "video")]
-#[test]
-fn a_recording_is_cut_per_history_turn_and_never_reaches_the_answered_turn() {
-    let rec = media("tone.mp4");
-    let all = merg::audio::load_clip_audio(&rec).unwrap();
-    let dur = all.seconds();
-    let spans = [(0.0, dur * 0.3), (dur * 0.3, dur * 0.6), (dur * 0.6, dur * 0.9)];
-    let until = dur * 0.5;
-    let mut r = AudioReport::default();
-    let clips = hearing::from_recording(&rec, &spans, until, &FrameOptions::default(), &mut r).unwrap();
-    assert_eq!(clips.iter().map(|c| c.turn).collect::<Vec<_>>(), [0, 1], "T3 starts after the answered turn");
-    let at = |t: f64| (t * 16000.0).round() as usize;
-    assert_eq!(clips[0].pcm.samples, all.samples[..at(dur * 0.3)]);
-    assert_eq!(clips[1].pcm.samples, all.samples[at(dur * 0.3)..at(until)], "T2 is cut where the answered turn starts");
-    assert_eq!(r.cut.len(), 2);
-    assert!(r.kept[1].contains("tone.mp4@"), "{:?}", r.kept);
-    let mut r = AudioReport::default();
-    let one = hearing::from_recording(&rec, &spans, until, &FrameOptions { max_audio: 1, ..Default::default() }, &mut r).unwrap();
-    assert_eq!((one.len(), one[0].turn, r.dropped.len()), (1, 1, 1));
-    // A recording without sound is no audio, not an error.
-    let mut r = AudioReport::default();
-    assert!(hearing::from_recording(&media("clip.mp4"), &spans, until, &FrameOptions::default(), &mut r).unwrap().is_empty());
-    assert!(r.notes[0].contains("no audio stream"), "{:?}", r.notes);
+    /// A dialogue whose turns carry the given audio files and clips.
+    fn dialogue_with(sources: &[(Option<&str>, Option<&str>)]) -> Dialogue {
+        let mut d = dialogue();
+        d.turns = sources
+            .iter()
+            .enumerate()
+            .map(|(i, (a, v))| Turn { audio: a.map(media), video: v.map(media), ..Turn::new(if i % 2 == 0 { "Ann" } else { "Bo" }, format!("turn {i}")) })
+            .collect();
+        d
+    }
+
+    #[test]
+    fn collect_takes_files_and_clip_tracks_notes_silent_clips_and_keeps_the_most_recent() {
+        let d = dialogue_with(&[(Some("omni_clip_b.wav"), None), (None, Some("tone.mp4")), (None, Some("clip.mp4")), (Some("omni_clip_a.wav"), Some("clip.mp4")), (None, None)]);
+        let mut r = AudioReport::default();
+        let clips = hearing::collect(&d, &FrameOptions::default(), &mut r).unwrap();
+        assert_eq!(clips.iter().map(|c| c.turn).collect::<Vec<_>>(), [0, 1, 3], "T3's clip has no audio stream; T4's own file wins over its clip");
+        assert_eq!(clips[2].pcm, merg::audio::load_audio(&media("omni_clip_a.wav")).unwrap());
+        assert_eq!(clips[1].pcm, merg::audio::load_clip_audio(&media("tone.mp4")).unwrap());
+        assert!(r.notes.iter().any(|n| n.starts_with("T3: the clip") && n.contains("clip.mp4 has no audio stream")), "{:?}", r.notes);
+        assert_eq!(r.kept.len(), 3);
+        // At most two: the newest are decoded, the oldest is not read at all.
+        let mut r = AudioReport::default();
+        let two = hearing::collect(&d, &FrameOptions { max_audio: 2, ..Default::default() }, &mut r).unwrap();
+        assert_eq!(two.iter().map(|c| c.turn).collect::<Vec<_>>(), [1, 3]);
+        assert!(r.dropped[0].ends_with("omni_clip_b.wav") && r.notes.iter().any(|n| n.contains("max_audio 2")), "{r:?}");
+    }
+
+    #[test]
+    fn bad_audio_names_the_file_or_is_skipped_with_a_note() {
+        let dir = tempfile::tempdir().unwrap();
+        let garbage = dir.path().join("garbage.wav");
+        std::fs::write(&garbage, b"this is not audio at all, just bytes").unwrap();
+        let empty = dir.path().join("empty.wav");
+        let spec = hound::WavSpec { channels: 1, sample_rate: 16000, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
+        hound::WavWriter::create(&empty, spec).unwrap().finalize().unwrap();
+        for (file, what) in [(garbage.clone(), "does not decode"), (media("clip.mp4"), "has no audio stream"), (empty.clone(), "empty")] {
+            let mut d = dialogue();
+            d.turns[1].audio = Some(file.clone());
+            let e = hearing::collect(&d, &FrameOptions::default(), &mut AudioReport::default()).unwrap_err();
+            let msg = format!("{e:#}");
+            assert!(msg.contains(&file.display().to_string()) && msg.contains(what) && msg.contains("audio of turn 2"), "{msg}");
+            let mut r = AudioReport::default();
+            let clips = hearing::collect(&d, &FrameOptions { skip_bad_media: true, ..Default::default() }, &mut r).unwrap();
+            assert!(clips.is_empty() && r.notes[0].starts_with("skipped unreadable audio") && r.notes[0].contains(&file.display().to_string()), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn a_recording_is_cut_per_history_turn_and_never_reaches_the_answered_turn() {
+        let rec = media("tone.mp4");
+        let all = merg::audio::load_clip_audio(&rec).unwrap();
+        let dur = all.seconds();
+        let spans = [(0.0, dur * 0.3), (dur * 0.3, dur * 0.6), (dur * 0.6, dur * 0.9)];
+        let until = dur * 0.5;
+        let mut r = AudioReport::default();
+        let clips = hearing::from_recording(&rec, &spans, until, &FrameOptions::default(), &mut r).unwrap();
+        assert_eq!(clips.iter().map(|c| c.turn).collect::<Vec<_>>(), [0, 1], "T3 starts after the answered turn");
+        let at = |t: f64| (t * 16000.0).round() as usize;
+        assert_eq!(clips[0].pcm.samples, all.samples[..at(dur * 0.3)]);
+        assert_eq!(clips[1].pcm.samples, all.samples[at(dur * 0.3)..at(until)], "T2 is cut where the answered turn starts");
+        assert_eq!(r.cut.len(), 2);
+        assert!(r.kept[1].contains("tone.mp4@"), "{:?}", r.kept);
+        let mut r = AudioReport::default();
+        let one = hearing::from_recording(&rec, &spans, until, &FrameOptions { max_audio: 1, ..Default::default() }, &mut r).unwrap();
+        assert_eq!((one.len(), one[0].turn, r.dropped.len()), (1, 1, 1));
+        // A recording without sound is no audio, not an error.
+        let mut r = AudioReport::default();
+        assert!(hearing::from_recording(&media("clip.mp4"), &spans, until, &FrameOptions::default(), &mut r).unwrap().is_empty());
+        assert!(r.notes[0].contains("no audio stream"), "{:?}", r.notes);
+    }
 }
