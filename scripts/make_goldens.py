@@ -210,6 +210,27 @@ def greedy_with_margins(model, inputs, new_tokens, pad_token_id):
     return greedy, margins
 
 
+def golden_tensors(inputs, position_ids, rope_deltas, logits, greedy):
+    """The tensors of an M-RoPE family's golden case, in this order (the json's `shapes` follows it): the prompt ids,
+    positions [3, L] and rope delta, the f32 logits, the greedy ids, then the processor's pixel values and grids."""
+    import torch
+
+    tensors = {
+        "input_ids": inputs["input_ids"].to(torch.int64).contiguous(),
+        "position_ids": position_ids.to(torch.int64).contiguous(),
+        "rope_deltas": rope_deltas.to(torch.int64).reshape(1, 1).contiguous(),
+        "logits": logits.contiguous(),
+        "greedy_ids": greedy.to(torch.int64).contiguous(),
+    }
+    for k in ("pixel_values", "pixel_values_videos"):
+        if k in inputs:
+            tensors[k] = inputs[k].to(torch.float32).contiguous()
+    for k in ("image_grid_thw", "video_grid_thw"):
+        if k in inputs:
+            tensors[k] = inputs[k].to(torch.int64).contiguous()
+    return tensors
+
+
 def load_processor(family):
     import transformers
 
@@ -707,19 +728,7 @@ def run_case(family, case, proc, model):
     assert torch.equal(re_ids, greedy), (re_ids, greedy)
     max_diff_prompt = float((o2.logits[0, :L] - logits[0]).abs().max())
 
-    tensors = {
-        "input_ids": input_ids.to(torch.int64).contiguous(),
-        "position_ids": position_ids.to(torch.int64).contiguous(),
-        "rope_deltas": rope_deltas.to(torch.int64).reshape(1, 1).contiguous(),
-        "logits": logits.contiguous(),
-        "greedy_ids": greedy.to(torch.int64).contiguous(),
-    }
-    for k in ("pixel_values", "pixel_values_videos"):
-        if k in inputs:
-            tensors[k] = inputs[k].to(torch.float32).contiguous()
-    for k in ("image_grid_thw", "video_grid_thw"):
-        if k in inputs:
-            tensors[k] = inputs[k].to(torch.int64).contiguous()
+    tensors = golden_tensors(inputs, position_ids, rope_deltas, logits, greedy)
     if "second_per_grid_ts" in inputs:
         tensors["second_per_grid_ts"] = torch.as_tensor(inputs["second_per_grid_ts"], dtype=torch.float32).reshape(-1)
     extra_meta = {}

@@ -552,6 +552,19 @@ def to_hub_name(name: str) -> str:
 ZERO_CENTRED_NORMS = ("Qwen3_5RMSNorm",)
 
 
+def init_by_rule(model, seed: int, rule):
+    """Every parameter drawn from one seeded generator, in name order: `rule(name, leaf)` (leaf: the name without
+    its last part) gives the parameter's (mean, std); a mean of 0 is not added, so the draws stay as they were."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            mean, std = rule(name, name.rsplit(".", 1)[0])
+            x = torch.randn(p.shape, generator=g) * std
+            p.copy_(mean + x if mean else x)
+
+
 def init_weights(model, seed: int):
     import torch
 

@@ -195,27 +195,20 @@ def to_hub_name(k: str) -> str:
     return k
 
 
-def init_weights(model):
-    """Random weights larger than the default init (clear greedy margins); Gemma's RMSNorms scale by 1 + w, so their
-    weights are drawn around 0, SigLIP's LayerNorms around 1."""
-    import torch
-
-    g = torch.Generator().manual_seed(SEED)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            leaf = name.rsplit(".", 1)[0]
-            if name.endswith(".bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-            elif "vision_tower" in name and "layer_norm" in leaf or "post_layernorm" in leaf:
-                p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
-            elif "norm" in leaf:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            elif "patch_embedding" in name or "position_embedding" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.25)
+def init_rule(name, leaf):
+    """(mean, std) of each weight: larger than the default init (clear greedy margins); Gemma's RMSNorms scale by
+    1 + w, so their weights are drawn around 0, SigLIP's LayerNorms around 1."""
+    if name.endswith(".bias"):
+        return 0.0, 0.05
+    if "vision_tower" in name and "layer_norm" in leaf or "post_layernorm" in leaf:
+        return 1.0, 0.1
+    if "norm" in leaf:
+        return 0.0, 0.1
+    if "patch_embedding" in name or "position_embedding" in name:
+        return 0.0, 0.05
+    if "embed_tokens" in name:
+        return 0.0, 0.1
+    return 0.0, 0.25
 
 
 def make_checkpoint():
@@ -243,7 +236,7 @@ def make_checkpoint():
     mtc.write_json(OUT / "config.json", cfg)
     torch.manual_seed(0)
     model = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(**cfg)).to(torch.float32).eval()
-    init_weights(model)
+    mtc.init_by_rule(model, SEED, init_rule)
     model.tie_weights()
     sd = {to_hub_name(k): v.detach().contiguous().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     mtc.write_shards(OUT, sd)

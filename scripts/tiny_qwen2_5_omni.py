@@ -26,10 +26,11 @@ pixel_values(_videos), grids, video_second_per_grid; and audio_features (the aud
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 from pathlib import Path
+
+import make_goldens as mg
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "tests" / "fixtures" / "tiny-qwen2_5-omni"
@@ -158,24 +159,18 @@ def tokenizer_config() -> dict:
     return cfg
 
 
-def init_weights(model):
-    """Random weights larger than the default init (clear greedy margins); LayerNorm / RMSNorm weights around 1."""
-    import torch
-
-    g = torch.Generator().manual_seed(SEED)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            leaf = name.rsplit(".", 1)[0]
-            if "norm" in leaf or "ln_" in leaf:
-                p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
-            elif name.endswith(".bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-            elif "embed_tokens" in name or "audio_bos_eos_token" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-            elif "conv" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+def init_rule(name, leaf):
+    """(mean, std) of each weight: larger than the default init (clear greedy margins); LayerNorm / RMSNorm weights
+    around 1."""
+    if "norm" in leaf or "ln_" in leaf:
+        return 1.0, 0.1
+    if name.endswith(".bias"):
+        return 0.0, 0.05
+    if "embed_tokens" in name or "audio_bos_eos_token" in name:
+        return 0.0, 0.5
+    if "conv" in name:
+        return 0.0, 0.1
+    return 0.0, 0.2
 
 
 def thinker_class():
@@ -209,7 +204,7 @@ def make_checkpoint():
     torch.manual_seed(0)
     tcfg = transformers.Qwen2_5OmniThinkerConfig(**cfg["thinker_config"])
     model = thinker_class()(tcfg).to(torch.float32).eval()
-    init_weights(model)
+    mtc.init_by_rule(model, SEED, init_rule)
     sd = {"thinker." + k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(SEED + 1)
     for k, shape in TALKER_TENSORS.items():
@@ -336,33 +331,10 @@ def run_case(case, proc, model):
     with torch.no_grad():
         logits = model(**kw, use_cache=False).logits.float()
     pos, delta = rope(model, inputs, in_video)
-    gc = transformers.GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                       eos_token_id=None, pad_token_id=ids()["<|endoftext|>"], bos_token_id=None,
-                                       top_p=None, top_k=None, temperature=None, output_logits=True,
-                                       return_dict_in_generate=True)
-    model.rope_deltas = None
-    with torch.no_grad():
-        gen = model.generate(**kw, generation_config=gc)
-    greedy = gen.sequences[0, L:]
-    margins = []
-    for step, lg in enumerate(gen.logits):
-        top = torch.topk(lg[0].float(), 2)
-        assert int(top.indices[0]) == int(greedy[step])
-        margins.append(float(top.values[0] - top.values[1]))
+    model.rope_deltas = None  # no rope delta left over from the forward above
+    greedy, margins = mg.greedy_with_margins(model, kw, NEW_TOKENS, ids()["<|endoftext|>"])
     assert int(logits[0, -1].argmax()) == int(greedy[0])
-    tensors = {
-        "input_ids": inputs["input_ids"].to(torch.int64).contiguous(),
-        "position_ids": pos[:, 0, :].to(torch.int64).contiguous(),
-        "rope_deltas": delta.to(torch.int64).reshape(1, 1).contiguous(),
-        "logits": logits.contiguous(),
-        "greedy_ids": greedy.to(torch.int64).contiguous(),
-    }
-    for k in ("pixel_values", "pixel_values_videos"):
-        if k in inputs:
-            tensors[k] = inputs[k].to(torch.float32).contiguous()
-    for k in ("image_grid_thw", "video_grid_thw"):
-        if k in inputs:
-            tensors[k] = inputs[k].to(torch.int64).contiguous()
+    tensors = mg.golden_tensors(inputs, pos[:, 0, :], delta, logits, greedy)
     if "video_second_per_grid" in inputs:
         tensors["video_second_per_grid"] = inputs["video_second_per_grid"].to(torch.float32).contiguous()
     if "input_features" in inputs:

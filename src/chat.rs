@@ -354,45 +354,81 @@ fn describe(e: &JinjaError) -> String {
 /// `chat_template` field of `tokenizer_config.json` (a string, or a list of named templates
 /// from which `default` is taken). Returns `Ok(None)` when none is present.
 pub fn find_chat_template(dir: &std::path::Path) -> Result<Option<String>> {
-    let jinja = dir.join("chat_template.jinja");
-    if jinja.is_file() {
-        let s = crate::input::read_string(&jinja, &crate::input::TEMPLATE)?;
-        return Ok(Some(s));
+    match own_template_file(dir)? {
+        Some(t) => Ok(Some(t)),
+        // tokenizer_config.json is read only when no file of the template's own names has one.
+        None => template_field(tokenizer_config(dir)?.as_ref()),
     }
-    for name in ["chat_template.json", "tokenizer_config.json"] {
-        let path = dir.join(name);
-        if !path.is_file() {
-            continue;
-        }
-        if let Some(t) = chat_template_from_json_file(&path)? {
-            return Ok(Some(t));
-        }
-    }
-    Ok(None)
 }
 
 /// The special-token strings of `tokenizer_config.json` in `dir` a template may name
 /// (`bos_token`, `eos_token`, `pad_token`, `unk_token`; a string or `{"content": ..}`); none
 /// when the file is absent.
 pub fn template_tokens(dir: &std::path::Path) -> Result<Vec<(String, String)>> {
+    Ok(tokens_of(tokenizer_config(dir)?.as_ref()))
+}
+
+/// [`find_chat_template`] and [`template_tokens`] together, `tokenizer_config.json` read once
+/// for both (a tokenizer loading from its directory needs the two).
+pub fn template_and_tokens(dir: &std::path::Path) -> Result<(Option<String>, Vec<(String, String)>)> {
+    let own = own_template_file(dir)?;
+    let config = tokenizer_config(dir)?;
+    let template = match own {
+        Some(t) => Some(t),
+        None => template_field(config.as_ref())?,
+    };
+    Ok((template, tokens_of(config.as_ref())))
+}
+
+/// The chat template of `chat_template.jinja`, else of `chat_template.json`, in `dir`.
+fn own_template_file(dir: &std::path::Path) -> Result<Option<String>> {
+    let jinja = dir.join("chat_template.jinja");
+    if jinja.is_file() {
+        return Ok(Some(crate::input::read_string(&jinja, &crate::input::TEMPLATE)?));
+    }
+    let json = dir.join("chat_template.json");
+    if !json.is_file() {
+        return Ok(None);
+    }
+    chat_template_from_json_file(&json)
+}
+
+/// A JSON config file: its path (for messages) and its parsed text.
+type JsonFile = (std::path::PathBuf, serde_json::Value);
+
+/// `dir/tokenizer_config.json` parsed, with its path for messages; `None` when absent.
+fn tokenizer_config(dir: &std::path::Path) -> Result<Option<JsonFile>> {
     let path = dir.join("tokenizer_config.json");
     if !path.is_file() {
-        return Ok(vec![]);
+        return Ok(None);
     }
-    let text = crate::input::read_string(&path, &crate::input::CONFIG)?;
-    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let v = read_json(&path)?;
+    Ok(Some((path, v)))
+}
+
+fn tokens_of(config: Option<&JsonFile>) -> Vec<(String, String)> {
+    let Some((_, v)) = config else { return vec![] };
     let content = |t: &serde_json::Value| t.as_str().or_else(|| t.get("content").and_then(|c| c.as_str())).map(str::to_string);
-    Ok(["bos_token", "eos_token", "pad_token", "unk_token"]
+    ["bos_token", "eos_token", "pad_token", "unk_token"]
         .into_iter()
         .filter_map(|k| v.get(k).and_then(content).map(|c| (k.to_string(), c)))
-        .collect())
+        .collect()
+}
+
+fn read_json(path: &std::path::Path) -> Result<serde_json::Value> {
+    let text = crate::input::read_string(path, &crate::input::CONFIG)?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
 }
 
 /// The `chat_template` field of a JSON config file (string or list of `{name, template}`).
 pub fn chat_template_from_json_file(path: &std::path::Path) -> Result<Option<String>> {
-    let text = crate::input::read_string(path, &crate::input::CONFIG)?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    let v = read_json(path)?;
+    template_field(Some(&(path.to_path_buf(), v)))
+}
+
+/// The `chat_template` field of a parsed JSON config (`None`: no file, no template).
+fn template_field(config: Option<&JsonFile>) -> Result<Option<String>> {
+    let Some((path, v)) = config else { return Ok(None) };
     match v.get("chat_template") {
         None | Some(serde_json::Value::Null) => Ok(None),
         Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),

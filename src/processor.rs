@@ -47,7 +47,9 @@ impl Processor {
             preprocessor.patch_size = v.patch_size;
         }
         // So are fixed-size (SigLIP) images; their patches are row-major, one per token before
-        // the model's own pooling.
+        // the model's own pooling. This is the one place that sets it: the image processor's file
+        // (Gemma3ImageProcessor's) names neither, and every config, read or the family's default,
+        // meets the model here.
         if let Some(v) = spec.vision.as_ref().filter(|_| preprocessor.fixed_size.is_some()) {
             preprocessor.patch_size = v.patch_size;
             (preprocessor.merge_size, preprocessor.temporal_patch_size) = (1, 1);

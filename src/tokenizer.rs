@@ -11,13 +11,16 @@
 //! piecewise-equal); for data that holds them, the text is BPE-split into ordinary pieces,
 //! like tiktoken with `disallowed_special=()`.
 
-use crate::chat::{find_chat_template, ChatTemplate, ContentPart, Message};
+use crate::chat::{template_and_tokens, ChatTemplate, ContentPart, Message};
 use anyhow::{anyhow, bail, Context, Result};
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::Path;
 use std::str::FromStr;
 use tokenizers::Tokenizer;
+
+mod media;
+use media::Expanded;
 
 /// Where a checkpoint's tokenizer.json is: a file, or text rebuilt from a GGUF file.
 #[derive(Clone, Debug)]
@@ -142,10 +145,10 @@ pub struct ChatTokenizer {
     /// What the post-processor puts around a prompt (LLaMA's `<s>`), as the HF processor
     /// tokenizes with special tokens added (unless the rendered prompt already starts with it).
     affixes: (Vec<u32>, Vec<u32>),
-    /// Templates that emit only an image's begin marker (Gemma 3's `<start_of_image>`): the
-    /// marker and the text the processor puts in its place (`full_image_sequence`: blank
-    /// lines around the marker, the image pad and the end marker).
-    image_sequence: Option<(String, String)>,
+    /// Gemma 3's template emits only an image's begin marker (`<start_of_image>`): the text the
+    /// processor puts in its place (`full_image_sequence`: blank lines around the marker, the
+    /// image pad and the end marker). `None` in every other convention.
+    image_sequence: Option<String>,
     /// (content, id) of every added token, longest first so matching prefers the longest.
     added: Vec<(String, u32)>,
     added_ids: HashSet<u32>,
@@ -196,7 +199,7 @@ pub enum Placeholder {
 
 impl ChatTokenizer {
     /// Loads `dir/tokenizer.json` and the chat template found beside it
-    /// (see [`find_chat_template`]: `chat_template.jinja`, `chat_template.json`, then
+    /// (see [`crate::chat::find_chat_template`]: `chat_template.jinja`, `chat_template.json`, then
     /// `tokenizer_config.json`). A missing template is not an error until `encode_chat`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let tok = dir.join("tokenizer.json");
@@ -206,9 +209,13 @@ impl ChatTokenizer {
                 dir.display()
             );
         }
-        let template = find_chat_template(dir)
+        // One read of tokenizer_config.json gives both the template's last fallback and the
+        // special-token strings the template may name.
+        let (template, tokens) = template_and_tokens(dir)
             .with_context(|| format!("looking for a chat template in {}", dir.display()))?;
-        Self::from_files(&tok, template)
+        let mut t = Self::from_json_file(&tok, template)?;
+        t.set_template_tokens(tokens);
+        Ok(t)
     }
 
     /// Gives the chat template the special-token strings it may name (`bos_token`: Gemma's
@@ -222,12 +229,16 @@ impl ChatTokenizer {
 
     /// Loads a tokenizer.json and compiles `chat_template` when given.
     pub fn from_files(tokenizer_json: &Path, chat_template: Option<String>) -> Result<Self> {
-        let text = crate::input::read_string(tokenizer_json, &crate::input::TOKENIZER)?;
-        let mut tok = Self::from_json(&text, &tokenizer_json.display().to_string(), chat_template)?;
+        let mut tok = Self::from_json_file(tokenizer_json, chat_template)?;
         if let Some(dir) = tokenizer_json.parent() {
             tok.set_template_tokens(crate::chat::template_tokens(dir)?);
         }
         Ok(tok)
+    }
+
+    fn from_json_file(tokenizer_json: &Path, chat_template: Option<String>) -> Result<Self> {
+        let text = crate::input::read_string(tokenizer_json, &crate::input::TOKENIZER)?;
+        Self::from_json(&text, &tokenizer_json.display().to_string(), chat_template)
     }
 
     /// A tokenizer.json's text; `origin` names it in errors (a path, or the GGUF file it was
@@ -261,7 +272,7 @@ impl ChatTokenizer {
         let special = SpecialTokens::lookup(|name| full.token_to_id(name))
             .map_err(|missing| anyhow!("{origin}: {missing} is not in the vocabulary"))?;
         let plain_inner = without_first_mark(&plain);
-        let image_sequence = image_sequence(&full, &special);
+        let image_sequence = media::image_sequence(&full, &special);
         let affixes = affixes(&full).map_err(|e| anyhow!("{origin}: {e}"))?;
         let template = match chat_template {
             Some(src) => Some(
@@ -371,7 +382,7 @@ impl ChatTokenizer {
         // text, and anything else (slicing, escaping) is refused.
         let real = template.render(messages, add_generation_prompt)?;
         let pieces = fit_texts(pieces, &texts, &real)?;
-        let (img, vid, aud) = self.count_pads(&pieces);
+        let Expanded { pieces, counts: media_tokens, found: [img, vid, aud], fault } = self.expand_media(pieces, media);
         if img + vid + aud != media.len() {
             let n = img + vid + aud;
             bail!("the prompt has {n} media placeholders ({img} image, {vid} video, {aud} audio) but {} media items were given", media.len());
@@ -384,10 +395,9 @@ impl ChatTokenizer {
         if let Some(k) = media.iter().position(empty) {
             bail!("media item {k} has no tokens; every image, video and audio clip needs at least one");
         }
-        let (pieces, media_tokens) = match self.image_sequence.is_some() {
-            true => self.expand_image_markers(pieces, media)?,
-            false => self.expand_steps(pieces, media)?,
-        };
+        if let Some(e) = fault {
+            return Err(e);
+        }
 
         // HF's processors tokenize without special tokens when the rendered prompt already
         // starts with the tokenizer's own opening (Gemma's template writes `<bos>` itself).
@@ -501,136 +511,10 @@ impl ChatTokenizer {
         best
     }
 
-    /// Writes out `Steps` placeholders in the template text (timestamps are template text,
-    /// never data) and returns the pad count of every pad left, in order.
-    fn expand_steps<'a>(&self, pieces: Vec<Piece<'a>>, media: &[Placeholder]) -> Result<(Vec<Piece<'a>>, Vec<usize>)> {
-        let mut counts = Vec::with_capacity(media.len());
-        let mut items = media.iter();
-        let mut out = Vec::with_capacity(pieces.len());
-        for p in pieces {
-            let Piece::Template(s) = p else {
-                out.push(p);
-                continue;
-            };
-            let mut text = String::with_capacity(s.len());
-            let mut changed = false;
-            let mut rest = s.as_ref();
-            while let Some((at, content, id)) = self.find_added(rest) {
-                text.push_str(&rest[..at]);
-                rest = &rest[at + content.len()..];
-                if !self.special.is_media(id) {
-                    text.push_str(content);
-                    continue;
-                }
-                let item = items.next().context("media placeholder count changed while encoding")?;
-                if matches!(item, Placeholder::Audio(_)) != (id == self.special.audio_pad) {
-                    bail!("the prompt's media placeholders and the media items are of different kinds (an audio clip where an image or video is, or the reverse)");
-                }
-                match item {
-                    Placeholder::Run(n) | Placeholder::Audio(n) => {
-                        counts.push(*n);
-                        text.push_str(content);
-                    }
-                    Placeholder::Crops { .. } => bail!("image crops need a vocabulary with an image marker (Gemma's)"),
-                    Placeholder::Steps { per_step, seconds, keep_outer } => {
-                        if id != self.special.video_pad {
-                            bail!("an image placeholder cannot take a video's time steps");
-                        }
-                        // Only Qwen vocabularies have a video pad, and they have the markers.
-                        let (vs, ve) = (self.content_of(self.special.vision_start)?, self.content_of(self.special.vision_end)?);
-                        // The template's own start/end around the pad are replaced, not doubled.
-                        if !keep_outer && text.ends_with(vs) && rest.starts_with(ve) {
-                            text.truncate(text.len() - vs.len());
-                            rest = &rest[ve.len()..];
-                        }
-                        for t in seconds {
-                            text.push_str(&format!("<{t:.1} seconds>{vs}{content}{ve}"));
-                            counts.push(*per_step);
-                        }
-                        changed = true;
-                    }
-                }
-            }
-            text.push_str(rest);
-            out.push(Piece::Template(if changed { Cow::Owned(text) } else { s }));
-        }
-        Ok((out, counts))
-    }
-
     /// Content string of an added token.
     fn content_of(&self, id: u32) -> Result<&str> {
         self.added.iter().find(|(_, i)| *i == id).map(|(c, _)| c.as_str()).with_context(|| format!("token id {id} is not an added token"))
     }
-
-    /// Puts the processor's image sequence in place of each image marker the template wrote
-    /// (template bytes only: a marker typed in dialogue text stays text), the k-th marker
-    /// standing for media item k; returns the pad count of every pad run, in order.
-    fn expand_image_markers<'a>(&self, pieces: Vec<Piece<'a>>, media: &[Placeholder]) -> Result<(Vec<Piece<'a>>, Vec<usize>)> {
-        let Some((marker, sequence)) = &self.image_sequence else { bail!("this vocabulary has no image marker to expand") };
-        let (mut counts, mut items) = (Vec::with_capacity(media.len()), media.iter());
-        let mut out = Vec::with_capacity(pieces.len());
-        for p in pieces {
-            let Piece::Template(s) = p else {
-                out.push(p);
-                continue;
-            };
-            let mut parts = s.split(marker.as_str());
-            let mut text = parts.next().unwrap_or_default().to_string();
-            for rest in parts {
-                match items.next().context("media placeholder count changed while encoding")? {
-                    Placeholder::Run(n) => {
-                        text.push_str(sequence);
-                        counts.push(*n);
-                    }
-                    Placeholder::Crops { per_image, crops } => {
-                        text.push_str(&format!("Here is the original image {sequence} and here are some crops to help you see better "));
-                        text.push_str(&vec![sequence.as_str(); *crops].join(" "));
-                        counts.extend(std::iter::repeat_n(*per_image, 1 + crops));
-                    }
-                    Placeholder::Steps { .. } => bail!("an image placeholder cannot take a video's time steps"),
-                    Placeholder::Audio(_) => bail!("this vocabulary has no audio placeholder"),
-                }
-                text.push_str(rest);
-            }
-            out.push(Piece::Template(Cow::Owned(text)));
-        }
-        Ok((out, counts))
-    }
-
-    /// (image, video) placeholders in the template pieces.
-    /// Placeholders the template wrote: (images, videos, audio clips).
-    fn count_pads(&self, pieces: &[Piece]) -> (usize, usize, usize) {
-        let (mut img, mut vid, mut aud) = (0, 0, 0);
-        for p in pieces {
-            if let Piece::Template(s) = p {
-                let mut rest = s.as_ref();
-                // Templates that write only the image's begin marker: one marker per image.
-                let image = match self.image_sequence.is_some() {
-                    true => self.special.vision_start,
-                    false => self.special.image_pad,
-                };
-                while let Some((at, content, id)) = self.find_added(rest) {
-                    img += (id == image) as usize;
-                    vid += (id == self.special.video_pad) as usize;
-                    aud += (id == self.special.audio_pad) as usize;
-                    rest = &rest[at + content.len()..];
-                }
-            }
-        }
-        (img, vid, aud)
-    }
-}
-
-/// Gemma 3's image sequence (`Gemma3Processor.full_image_sequence`, its pad repeated later),
-/// for vocabularies of that convention.
-fn image_sequence(full: &Tokenizer, special: &SpecialTokens) -> Option<(String, String)> {
-    if special.convention != Convention::Gemma {
-        return None;
-    }
-    let name = |id: u32| full.id_to_token(id);
-    let (boi, eoi, pad) = (name(special.vision_start)?, name(special.vision_end)?, name(special.image_pad)?);
-    let sequence = format!("\n\n{boi}{pad}{eoi}\n\n");
-    Some((boi, sequence))
 }
 
 /// Resolves every text part to what the template wrote: the text itself or, for templates

@@ -6,6 +6,8 @@
 //! does not match them.
 
 mod common;
+#[path = "common/cli.rs"]
+mod cli;
 
 use candle_core::{DType, Device};
 use common::*;
@@ -134,4 +136,30 @@ fn a_clip_heard_twice_is_encoded_once_and_shared_through_the_prefix_cache() {
     let mut off = Engine::new(checkpoint(), cfg(false)).unwrap();
     let plain: Vec<_> = off.run_all(vec![ask("clip_a", "Name the emotion."), ask("clip_b", "Name the emotion.")]).into_iter().map(|r| r.unwrap().tokens).collect();
     assert_eq!(plain, vec![again.tokens, other.tokens]);
+}
+
+fn generate(model: &str, audio: &str) -> cli::Run {
+    let dir = tiny_dir(model);
+    let args = ["generate", "--model", dir.to_str().unwrap(), "--prompt", "How does it sound?", "--max-new-tokens", "4", "--json", "--audio"];
+    let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    args.push(fixtures().join("media").join(audio).display().to_string());
+    cli::run(&args)
+}
+
+#[test]
+fn merg_generate_hears_a_file_and_names_what_it_cannot() {
+    let run = generate(FAMILY, "omni_clip_b.wav");
+    assert!(run.ok, "{}", run.stderr);
+    let out: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    // The same turn through the engine.
+    let mut eng = Engine::new(checkpoint(), EngineConfig::default()).unwrap();
+    let content = vec![ContentPart::Audio, ContentPart::Text("How does it sound?".into())];
+    let sampling = SamplingParams { max_new_tokens: 4, ..Default::default() };
+    let want = eng.run_all(vec![ChatRequest::new(vec![Message::new("user", content)], vec![clip("clip_b")], sampling)]).pop().unwrap().unwrap();
+    assert_eq!(out["prompt_tokens"].as_u64(), Some(want.prompt_tokens as u64));
+    assert_eq!(out["tokens"], serde_json::json!(want.tokens));
+    let deaf = generate("qwen2_5_vl", "omni_clip_b.wav");
+    assert!(!deaf.ok && deaf.stderr.contains("--audio") && deaf.stderr.contains("no audio encoder"), "{}", deaf.stderr);
+    let silent = generate(FAMILY, "clip.mp4");
+    assert!(!silent.ok && silent.stderr.contains("clip.mp4 has no audio stream"), "{}", silent.stderr);
 }

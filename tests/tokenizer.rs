@@ -371,7 +371,7 @@ fn real_media_expansion_order_and_errors() {
     let e = tok.encode_chat(&msgs, true, &[2, 5]).unwrap_err();
     let m = format!("{e:#}");
     assert!(
-        m.contains("3 media placeholders (2 image, 1 video)") && m.contains("2 media items were given"),
+        m.contains("3 media placeholders (2 image, 1 video, 0 audio)") && m.contains("2 media items were given"),
         "{m}"
     );
     let e = tok.encode_chat(&msgs, true, &[2, 0, 3]).unwrap_err();

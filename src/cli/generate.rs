@@ -1,4 +1,5 @@
-//! `merg generate`: one chat turn (text plus optional images / a video) through the engine.
+//! `merg generate`: one chat turn (text plus optional images / a video / audio clips) through the
+//! engine.
 
 use std::path::PathBuf;
 
@@ -35,6 +36,10 @@ pub struct GenerateArgs {
     fps: f64,
     #[arg(long, default_value_t = 32)]
     max_frames: usize,
+    /// Audio files (WAV, FLAC, MP3, … or an mp4's audio track), heard after the images and
+    /// video in this order; the model must have an audio encoder (Qwen2.5-Omni).
+    #[arg(long = "audio")]
+    audio: Vec<PathBuf>,
     /// Print a JSON record (text, token ids, log-probs, finish reason) instead of the text.
     #[arg(long)]
     json: bool,
@@ -55,8 +60,14 @@ pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let params = a.sampling.params();
     params.validate()?;
     let cfg = a.engine.config()?;
-    let media = load_media(&a.images, a.video.as_ref(), a.fps, a.max_frames)?;
+    let mut media = load_media(&a.images, a.video.as_ref(), a.fps, a.max_frames)?;
+    for p in &a.audio {
+        media.push(Media::Audio(load_audio_any(p).map_err(|e| anyhow::anyhow!("--audio {}: {e}", p.display()))?));
+    }
     let ckpt = a.model.load()?;
+    if !a.audio.is_empty() && !ckpt.processor.hears() {
+        anyhow::bail!("--audio: the model {} has no audio encoder, so it cannot hear {}", ckpt.model.spec().model_type, a.audio[0].display());
+    }
     let mut content: Vec<ContentPart> = media
         .iter()
         .map(|m| match m {
@@ -72,7 +83,7 @@ pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
     }
     messages.push(Message::new("user", content));
     let mut engine = Engine::new(ckpt, cfg)?;
-    let sources: Vec<String> = a.images.iter().chain(a.video.iter()).map(|p| p.display().to_string()).collect();
+    let sources: Vec<String> = a.images.iter().chain(a.video.iter()).chain(a.audio.iter()).map(|p| p.display().to_string()).collect();
     let reply = engine
         .run_all(vec![ChatRequest::new(messages, media, params)])
         .pop()
@@ -91,4 +102,14 @@ pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
         println!("{}", reply.text);
     }
     Ok(())
+}
+
+/// An audio file, or the audio track of a video file (by its name: ffmpeg reads both, but a
+/// video's size cap is a video's).
+fn load_audio_any(p: &std::path::Path) -> Result<merg::audio::Pcm, merg::audio::AudioError> {
+    let video = p.extension().and_then(|e| e.to_str()).is_some_and(|e| ["mp4", "mkv", "mov", "avi", "webm"].contains(&e.to_ascii_lowercase().as_str()));
+    match video {
+        true => merg::audio::load_clip_audio(p),
+        false => merg::audio::load_audio(p),
+    }
 }

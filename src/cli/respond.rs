@@ -89,9 +89,10 @@ pub struct PipelineArgs {
     /// trace) instead of failing.
     #[arg(long)]
     pub skip_bad_media: bool,
-    /// Audio clips heard at most, one per turn (the most recent turns are kept).
+    /// Audio clips heard at most, one per turn (the most recent turns are kept). Not `serve`'s
+    /// `--max-audio`, which refuses requests with more clips.
     #[arg(long, default_value_t = merg::pipeline::hearing::DEFAULT_MAX_AUDIO)]
-    pub max_audio: usize,
+    pub max_audio_clips: usize,
     /// Give the model no audio, even when it hears (recorded in the trace).
     #[arg(long)]
     pub no_audio: bool,
@@ -131,7 +132,7 @@ impl PipelineArgs {
     }
 
     pub fn frame_options(&self) -> FrameOptions {
-        FrameOptions { frames_per_turn: self.frames_per_turn, max_frames: self.max_frames, max_audio: self.max_audio, skip_bad_media: self.skip_bad_media }
+        FrameOptions { frames_per_turn: self.frames_per_turn, max_frames: self.max_frames, max_audio: self.max_audio_clips, skip_bad_media: self.skip_bad_media }
     }
 
     pub fn prompts(&self) -> Result<Prompts> {

@@ -37,6 +37,9 @@ pub struct ServeArgs {
     /// Images per request.
     #[arg(long, default_value_t = 16)]
     max_images: usize,
+    /// Audio clips (input_audio parts) per request.
+    #[arg(long, default_value_t = 8)]
+    max_audio: usize,
     /// Pixels per image (width × height), checked before decoding.
     #[arg(long, default_value_t = 4096 * 4096)]
     max_image_pixels: u64,
@@ -82,6 +85,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     let limits = Limits {
         max_body_bytes: a.max_body_mib << 20,
         max_images: a.max_images,
+        max_audio: a.max_audio,
         max_image_pixels: a.max_image_pixels,
         max_tokens: a.max_tokens,
         max_queue: a.max_queue,

@@ -366,20 +366,27 @@ fn locate_audio(rest: &str) -> Option<Located> {
             let (i, leaf) = stem.strip_prefix("layers.")?.split_once('.')?;
             let i: usize = i.parse().ok()?;
             let s = match leaf {
-                "self_attn.q_proj" => "attn_q",
-                "self_attn.k_proj" => "attn_k",
-                "self_attn.v_proj" => "attn_v",
-                "self_attn.out_proj" => "attn_out",
                 "self_attn_layer_norm" => "ln1",
                 "final_layer_norm" => "ln2",
                 "fc1" => "ffn_up",
                 "fc2" => "ffn_down",
-                _ => return None,
+                _ => attention_leaf(leaf)?,
             };
             format!("a.blk.{i}.{s}.{suffix}")
         }
     };
     Some(same(Part::Vision, stored))
+}
+
+/// The attention projections' names in llama.cpp's towers (Whisper's and CLIP's alike).
+fn attention_leaf(leaf: &str) -> Option<&'static str> {
+    Some(match leaf {
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.out_proj" => "attn_out",
+        _ => return None,
+    })
 }
 
 /// A CLIP or SigLIP tower (`vision_tower.vision_model.` stripped: LLaVA-NeXT, Gemma 3). The
@@ -405,15 +412,11 @@ fn locate_tower(rest: &str) -> Option<Located> {
     let (i, leaf) = stem.strip_prefix("encoder.layers.")?.split_once('.')?;
     let i: usize = i.parse().ok()?;
     let s = match leaf {
-        "self_attn.q_proj" => "attn_q",
-        "self_attn.k_proj" => "attn_k",
-        "self_attn.v_proj" => "attn_v",
-        "self_attn.out_proj" => "attn_out",
         "layer_norm1" => "ln1",
         "layer_norm2" => "ln2",
         "mlp.fc1" => "ffn_up",
         "mlp.fc2" => "ffn_down",
-        _ => return None,
+        _ => attention_leaf(leaf)?,
     };
     v(format!("v.blk.{i}.{s}.{suffix}"))
 }

@@ -215,9 +215,10 @@ impl ModelSpec {
         if let Some(a) = self.vision.as_ref().and_then(|v| v.anyres.clone()) {
             c.anyres = Some(a);
         }
-        // Gemma3ImageProcessor: one square, bilinear, mean = std = 0.5, patches row by row.
+        // Gemma3ImageProcessor: one square, bilinear, mean = std = 0.5. Its patch geometry (the
+        // model's patch size, no merge, no temporal step) is `Processor::new`'s, as for a file.
         if let Some(side) = self.vision.as_ref().and_then(|v| v.image_side) {
-            (c.fixed_size, c.resample, c.merge_size, c.temporal_patch_size) = (Some([side, side]), 2, 1, 1);
+            (c.fixed_size, c.resample) = (Some([side, side]), 2);
             (c.image_mean, c.image_std) = ([0.5; 3], [0.5; 3]);
         }
         if self.model_type.starts_with("qwen3") {

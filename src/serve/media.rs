@@ -1,6 +1,7 @@
-//! Inline images: OpenAI `data:` URLs and Ollama's bare base64, decoded under the server's
-//! limits. The image header is read first, so an oversized image is refused before a single
-//! pixel is allocated. Remote URLs are refused: the server never fetches from the network.
+//! Inline media: images as OpenAI `data:` URLs and Ollama's bare base64, and OpenAI
+//! `input_audio` clips, decoded under the server's limits. The image header is read first, so an
+//! oversized image is refused before a single pixel is allocated. Remote URLs are refused: the
+//! server never fetches from the network.
 
 use base64::Engine as _;
 use image::RgbImage;
@@ -34,6 +35,30 @@ pub fn from_base64(b64: &str, what: &str, limits: &Limits) -> Result<RgbImage, S
 
 fn decode(bytes: &[u8], what: &str, limits: &Limits) -> Result<RgbImage, String> {
     crate::vision::decode_image(bytes, what, limits.max_image_pixels).map_err(|e| format!("{e:#}"))
+}
+
+/// The formats OpenAI's `input_audio.format` names (and two more ffmpeg reads). The bytes
+/// decide how they are decoded (a WAV is sniffed); the name is only checked.
+const AUDIO_FORMATS: [&str; 4] = ["wav", "mp3", "flac", "ogg"];
+
+/// An OpenAI `input_audio` part (`{"data": <base64>, "format": "wav"|"mp3"}`) as 16 kHz mono.
+pub fn audio_from_part(part: &serde_json::Value, what: &str) -> Result<crate::audio::Pcm, String> {
+    let format = part.get("format").and_then(|f| f.as_str()).ok_or_else(|| format!("{what}: input_audio needs a string `format` (wav or mp3)"))?;
+    if !AUDIO_FORMATS.contains(&format.to_ascii_lowercase().as_str()) {
+        return Err(format!("{what}: input_audio.format must be one of {}, got {format:?}", AUDIO_FORMATS.join(", ")));
+    }
+    let data = part.get("data").and_then(|d| d.as_str()).ok_or_else(|| format!("{what}: input_audio needs base64 `data`"))?;
+    let clean: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    let bytes = base64::engine::general_purpose::STANDARD.decode(clean.as_bytes()).map_err(|e| format!("{what}: input_audio.data is not valid base64 ({e})"))?;
+    crate::audio::load_audio_bytes(&bytes, what).map_err(|e| e.to_string())
+}
+
+/// 400 when a request carries more audio clips than the server takes.
+pub fn check_audio_count(n: usize, limits: &Limits) -> Result<(), String> {
+    if n > limits.max_audio {
+        return Err(format!("the request has {n} audio clips; the server's limit is {} per request", limits.max_audio));
+    }
+    Ok(())
 }
 
 /// 400 when a request carries more images than the server takes.

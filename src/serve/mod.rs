@@ -51,6 +51,8 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// Images in one request.
     pub max_images: usize,
+    /// Audio clips (`input_audio` parts) in one request.
+    pub max_audio: usize,
     /// Pixels of one decoded image (width × height), checked before decoding.
     pub max_image_pixels: u64,
     /// Largest `max_tokens` / `num_predict` a request may ask for; also the default.
@@ -77,6 +79,7 @@ impl Default for Limits {
         Limits {
             max_body_bytes: 32 << 20,
             max_images: 16,
+            max_audio: 8,
             max_image_pixels: 4096 * 4096,
             max_tokens: 4096,
             max_queue: 256,

@@ -1,4 +1,4 @@
-//! The OpenAI chat API: `POST /v1/chat/completions` (text and inline `image_url` parts,
+//! The OpenAI chat API: `POST /v1/chat/completions` (text, inline `image_url` and `input_audio` parts,
 //! sampling, stop strings, log-probs, `response_format` JSON schemas through the engine's
 //! llguidance constraint, SSE streaming) and `GET /v1/models`.
 
@@ -82,6 +82,10 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, RequestBody(bo
         .map_err(|e| ApiError::new(F, 500, e.to_string()))??;
     let id = format!("chatcmpl-{}", state.next_id());
     let created = state.now_unix();
+    if checked.chat.media.iter().any(Media::is_audio) && !state.handle.preparer().processor.hears() {
+        let name = &state.cfg.model_name;
+        return Err(ApiError::bad(F, format!("the request has input_audio parts, but the model {name} takes no audio")));
+    }
     let want_logprobs = checked.opts.logprobs;
     let rx = generation::start(&state, F, checked.chat, checked.opts).await?;
     let ctx = Ctx { id, created, model: state.cfg.model_name.clone(), logprobs: want_logprobs };
@@ -183,7 +187,7 @@ fn schema_of(rf: &Value) -> Result<Option<Value>, ApiError> {
     }
 }
 
-/// OpenAI messages into chat messages plus their images in placeholder order.
+/// OpenAI messages into chat messages plus their images and audio clips in placeholder order.
 fn messages(list: &[Value], limits: &Limits) -> Result<(Vec<Message>, Vec<Media>), ApiError> {
     let (mut out, mut images) = (vec![], vec![]);
     for (i, m) in list.iter().enumerate() {
@@ -206,11 +210,19 @@ fn messages(list: &[Value], limits: &Limits) -> Result<(Vec<Message>, Vec<Media>
                         Some("image_url") => {
                             let url = p.pointer("/image_url/url").or_else(|| p.get("image_url")).and_then(Value::as_str);
                             let url = url.ok_or_else(|| ApiError::bad(F, format!("{at}: an image_url part needs image_url.url")))?;
-                            media::check_count(images.len() + 1, limits).map_err(|e| ApiError::bad(F, e))?;
+                            let pictures = images.iter().filter(|m: &&Media| !m.is_audio()).count();
+                            media::check_count(pictures + 1, limits).map_err(|e| ApiError::bad(F, e))?;
                             images.push(Media::Image(media::from_data_url(url, &at, limits).map_err(|e| ApiError::bad(F, e))?));
                             parts.push(ContentPart::Image);
                         }
-                        other => return Err(ApiError::bad(F, format!("{at}: part type must be text or image_url, got {other:?}"))),
+                        Some("input_audio") => {
+                            let clips = images.iter().filter(|m: &&Media| m.is_audio()).count();
+                            media::check_audio_count(clips + 1, limits).map_err(|e| ApiError::bad(F, e))?;
+                            let part = p.get("input_audio").ok_or_else(|| ApiError::bad(F, format!("{at}: an input_audio part needs input_audio.data and input_audio.format")))?;
+                            images.push(Media::Audio(media::audio_from_part(part, &at).map_err(|e| ApiError::bad(F, e))?));
+                            parts.push(ContentPart::Audio);
+                        }
+                        other => return Err(ApiError::bad(F, format!("{at}: part type must be text, image_url or input_audio, got {other:?}"))),
                     }
                 }
             }

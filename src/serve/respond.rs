@@ -150,18 +150,20 @@ fn settings(req: &mut RespondReq, defaults: &PipelineConfig, frames: &FrameOptio
 
 /// The dialogue with its keyframes and (when `hear`) its turns' audio decoded, validated.
 fn checked_dialogue(mut d: InlineDialogue, opts: &FrameOptions, hear: bool, limits: &Limits) -> Result<(Dialogue, Vec<Keyframe>, FrameReport, Heard), ApiError> {
-    let heard = if hear { inline_audio(&d.turns, opts)? } else { Heard::default() };
+    let heard = if hear { inline_audio(&d.turns, opts, limits)? } else { Heard::default() };
     d.turns.iter_mut().for_each(|t| t.audio = None);
     let (dialogue, keyframes, report) = inline_dialogue(d, opts, limits)?;
     dialogue.validate().map_err(|e| ApiError::bad(F, format!("dialogue: {e:#}")))?;
     Ok((dialogue, keyframes, report, heard))
 }
 
-/// The audio of the `max_audio` most recent turns that have any, decoded (older ones are not);
-/// an undecodable clip is a 400 naming its field, or with `skip_bad_media` a note.
-fn inline_audio(turns: &[InlineTurn], opts: &FrameOptions) -> Result<Heard, ApiError> {
+/// The audio of the `max_audio` most recent turns that have any, decoded (older ones are not),
+/// at most the server's `max_audio` limit; an undecodable clip is a 400 naming its field, or
+/// with `skip_bad_media` a note.
+fn inline_audio(turns: &[InlineTurn], opts: &FrameOptions, limits: &Limits) -> Result<Heard, ApiError> {
     let with_audio: Vec<(usize, &str)> = turns.iter().enumerate().filter_map(|(ti, t)| t.audio.as_deref().map(|a| (ti, a))).collect();
     let keep_from = with_audio.len().saturating_sub(opts.max_audio);
+    media::check_audio_count(with_audio.len() - keep_from, limits).map_err(|e| ApiError::bad(F, format!("{e} (frames.max_audio keeps fewer)")))?;
     let mut heard = Heard::default();
     let field = |ti: usize| format!("dialogue.turns[{ti}].audio");
     if keep_from > 0 {

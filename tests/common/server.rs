@@ -32,7 +32,7 @@ impl TestServer {
         Self::start_family("qwen2_5_vl", limits, api_key)
     }
 
-    /// A server for another tiny checkpoint (e.g. `qwen2_5_omni`, which hears).
+    /// A server on another tiny checkpoint (e.g. `qwen2_5_omni`, which hears).
     pub fn start_family(family: &str, limits: Limits, api_key: Option<&str>) -> Self {
         let dir = super::tiny_dir(family);
         let files = merg::hub::resolve(dir.to_str().unwrap(), None).unwrap();
