@@ -213,6 +213,15 @@ fn the_merg_endpoint_takes_per_turn_base64_audio() {
             "frames": {"skip_bad_media": skip}
         })
     };
+    // Two clips against a server that takes one per request: refused, unless the request's own
+    // policy keeps only one.
+    let one = merg::serve::Limits { max_audio: 1, ..Default::default() };
+    let (defaults, policy) = (merg::pipeline::PipelineConfig::default(), FrameOptions::default());
+    let two = body(b64(&media("omni_clip_a.wav")), false).to_string();
+    let e = merg::serve::respond::parse_request(two.as_bytes(), &defaults, &policy, &one).err().expect("over the server's limit");
+    assert!(e.status == 400 && e.message.contains("the server's limit is 1 per request"), "{}", e.message);
+    let kept = merg::serve::respond::parse_request(two.as_bytes(), &defaults, &FrameOptions { max_audio: 1, ..policy }, &one).unwrap_or_else(|e| panic!("{}", e.message));
+    assert_eq!(kept.audio.report.kept, ["dialogue.turns[1].audio"]);
     let (status, v) = srv.post("/v1/merg/respond", &body(b64(&media("omni_clip_a.wav")), false));
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["trace"]["audio"]["kept"], json!(["dialogue.turns[0].audio", "dialogue.turns[1].audio"]));
