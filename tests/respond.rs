@@ -206,7 +206,7 @@ fn recording_keyframes_stop_before_the_answered_turn() {
     let dur = all.total_frames as f64 / fps;
     let spans = [(0.0, dur * 0.3), (dur * 0.3, dur * 0.6)];
     let until = dur * 0.5;
-    let opts = FrameOptions { frames_per_turn: 2, max_frames: 8, skip_bad_media: false };
+    let opts = FrameOptions { frames_per_turn: 2, max_frames: 8, skip_bad_media: false, ..Default::default() };
     let mut report = FrameReport::default();
     let kf = frames::from_recording(&clip, &spans, until, &opts, &mut report).unwrap();
     assert_eq!(kf.iter().map(|k| k.turn).collect::<Vec<_>>(), [Some(0), Some(0), Some(1), Some(1)]);

@@ -173,6 +173,7 @@ pub fn cmd_eval(a: EvalArgs) -> Result<()> {
         pipeline: cfg,
         frames_per_turn: pipeline.frames_per_turn,
         max_frames: pipeline.max_frames,
+        max_audio: pipeline.max_audio_clips,
         memory: pipeline.memory.clone(),
         limit: a.limit,
         shard,

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
 use merg::data::labels::LabelSet;
@@ -10,6 +10,7 @@ use merg::dialogue::Dialogue;
 use merg::engine::{Engine, EngineThread};
 use merg::generate::SamplingParams;
 use merg::pipeline::frames::{self, FrameOptions, FrameReport};
+use merg::pipeline::hearing::{self, AudioReport};
 use merg::pipeline::model::EngineModel;
 use merg::pipeline::prompt::Prompts;
 use merg::pipeline::retrieval::Memory;
@@ -84,9 +85,17 @@ pub struct PipelineArgs {
     /// Keyframes shown at most (the most recent are kept).
     #[arg(long, default_value_t = 8)]
     pub max_frames: usize,
-    /// Continue text-only for media that cannot be read (noted in the trace) instead of failing.
+    /// Continue text-only for media (images, videos, audio) that cannot be read (noted in the
+    /// trace) instead of failing.
     #[arg(long)]
     pub skip_bad_media: bool,
+    /// Audio clips heard at most, one per turn (the most recent turns are kept). Not `serve`'s
+    /// `--max-audio`, which refuses requests with more clips.
+    #[arg(long, default_value_t = merg::pipeline::hearing::DEFAULT_MAX_AUDIO)]
+    pub max_audio_clips: usize,
+    /// Give the model no audio, even when it hears (recorded in the trace).
+    #[arg(long)]
+    pub no_audio: bool,
 }
 
 impl PipelineArgs {
@@ -116,13 +125,14 @@ impl PipelineArgs {
                 ..Default::default()
             },
             max_field_chars: self.max_field_chars,
+            use_audio: !self.no_audio,
         };
         cfg.validate()?;
         Ok(cfg)
     }
 
     pub fn frame_options(&self) -> FrameOptions {
-        FrameOptions { frames_per_turn: self.frames_per_turn, max_frames: self.max_frames, skip_bad_media: self.skip_bad_media }
+        FrameOptions { frames_per_turn: self.frames_per_turn, max_frames: self.max_frames, max_audio: self.max_audio_clips, skip_bad_media: self.skip_bad_media }
     }
 
     pub fn prompts(&self) -> Result<Prompts> {
@@ -151,6 +161,10 @@ pub struct RespondArgs {
     /// Keyframe images of the dialogue, in time order.
     #[arg(long, num_args = 1..)]
     pub frames: Vec<PathBuf>,
+    /// One audio file (WAV, FLAC, MP3, …) per history turn, in turn order; replaces the
+    /// dialogue's "audio" fields.
+    #[arg(long, num_args = 1..)]
+    pub audio: Vec<PathBuf>,
     /// Where the JSON trace goes (default: <dialogue file stem>.trace.json in the current directory).
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -167,9 +181,15 @@ pub fn cmd_respond(a: RespondArgs) -> Result<()> {
         dialogue.video = Some(v.clone());
     }
     dialogue.frames.extend(a.frames.iter().cloned());
+    set_audio(&mut dialogue, &a.audio)?;
     let mut report = FrameReport::default();
-    let keyframes = frames::collect(&dialogue, &a.pipeline.frame_options(), &mut report)
-        .context("collecting keyframes (--skip-bad-media continues past unreadable media)")?;
+    let opts = a.pipeline.frame_options();
+    let keyframes = frames::collect(&dialogue, &opts, &mut report).context("collecting keyframes (--skip-bad-media continues past unreadable media)")?;
+    let mut audio_report = AudioReport::default();
+    let clips = match cfg.use_audio {
+        true => hearing::collect(&dialogue, &opts, &mut audio_report).context("collecting the turns' audio (--skip-bad-media continues past unreadable audio)")?,
+        false => vec![],
+    };
     let prompts = a.pipeline.prompts()?;
     let memory = a.pipeline.memory()?;
     let trace_path = a.trace.clone().unwrap_or_else(|| {
@@ -185,7 +205,7 @@ pub fn cmd_respond(a: RespondArgs) -> Result<()> {
     let thread = EngineThread::spawn(engine);
     let model = EngineModel::new(thread.handle.clone())?;
     let pipeline = Pipeline { model: &model, prompts: &prompts, memory: memory.as_ref(), cfg: &cfg };
-    let trace = pipeline.respond(&dialogue, keyframes, report).with_context(|| format!("answering dialogue {}", a.dialogue.display()))?;
+    let trace = pipeline.respond_heard(&dialogue, keyframes, report, clips, audio_report).with_context(|| format!("answering dialogue {}", a.dialogue.display()))?;
     std::fs::write(&trace_path, serde_json::to_string_pretty(&trace)?)
         .with_context(|| format!("writing the trace to {}", trace_path.display()))?;
     println!("{}", trace.reply);
@@ -197,5 +217,19 @@ pub fn cmd_respond(a: RespondArgs) -> Result<()> {
         trace.totals.prompt_tokens,
         trace_path.display()
     );
+    Ok(())
+}
+
+/// `--audio`: one file per history turn, in turn order, over the dialogue's own.
+fn set_audio(dialogue: &mut Dialogue, files: &[PathBuf]) -> Result<()> {
+    if files.is_empty() {
+        return Ok(());
+    }
+    if files.len() != dialogue.turns.len() {
+        bail!("--audio: {} files given, but the dialogue has {} turns; give one audio file per history turn, in turn order", files.len(), dialogue.turns.len());
+    }
+    for (t, f) in dialogue.turns.iter_mut().zip(files) {
+        t.audio = Some(f.clone());
+    }
     Ok(())
 }

@@ -28,6 +28,7 @@ use crate::metrics::bertscore::BertScorer;
 use crate::metrics::polarity::{self, EmotionClassifier};
 use crate::metrics::{ppl, sentiment};
 use crate::pipeline::frames::{self, FrameOptions, FrameReport};
+use crate::pipeline::hearing::{self, AudioReport, Clip};
 use crate::pipeline::model::AgentModel;
 use crate::pipeline::prompt::Prompts;
 use crate::pipeline::retrieval::{context_text, Exemplar, Memory};
@@ -47,6 +48,8 @@ pub struct RunSpec {
     pub pipeline: PipelineConfig,
     pub frames_per_turn: usize,
     pub max_frames: usize,
+    #[serde(default = "default_max_audio")]
+    pub max_audio: usize,
     pub memory: Option<PathBuf>,
     pub limit: Option<usize>,
     /// (k, n): this run does items with index % n == k − 1.
@@ -59,6 +62,10 @@ pub struct RunSpec {
     /// Items in the (limited) dataset before sharding.
     pub total_items: usize,
     pub merg_version: String,
+}
+
+fn default_max_audio() -> usize {
+    crate::pipeline::hearing::DEFAULT_MAX_AUDIO
 }
 
 /// Optional learned metrics (they need their own checkpoints).
@@ -226,7 +233,7 @@ impl Evaluator<'_> {
         cfg.sampling.seed = item_seed(cfg.sampling.seed, &item.key);
         // Dataset clips are often defective (MELD has missing and corrupt ones): such an item
         // runs text-only for that clip, and the trace notes say so.
-        let opts = FrameOptions { frames_per_turn: self.spec.frames_per_turn, max_frames: self.spec.max_frames, skip_bad_media: true };
+        let opts = FrameOptions { frames_per_turn: self.spec.frames_per_turn, max_frames: self.spec.max_frames, max_audio: self.spec.max_audio, skip_bad_media: true };
         let mut report = FrameReport::default();
         let mut kf = frames::collect(&d, &opts, &mut report)?;
         if kf.is_empty() {
@@ -235,8 +242,9 @@ impl Evaluator<'_> {
                 kf = frames::from_recording(&r.path, &r.turn_spans, r.target_span.0, &opts, &mut report)?;
             }
         }
+        let (clips, audio) = self.hear(item, &d, &opts, cfg.use_audio)?;
         let p = Pipeline { model: self.model, prompts: self.prompts, memory: self.memory, cfg: &cfg };
-        let t = p.respond(&d, kf, report)?;
+        let t = p.respond_heard(&d, kf, report, clips, audio)?;
         rec.reply = t.reply.clone();
         rec.forecast = t.emotion.clone();
         rec.trace = TraceSummary::of(&t);
@@ -257,12 +265,36 @@ impl Evaluator<'_> {
     }
 }
 
+impl Evaluator<'_> {
+    /// The item's audio: each turn's clip (MELD: the utterance's mp4 under the video root), or
+    /// IEMOCAP's recording cut per history turn. Not decoded at all when hearing is off or the
+    /// model does not hear (the pipeline then notes it).
+    fn hear(&self, item: &Item, d: &crate::dialogue::Dialogue, opts: &FrameOptions, on: bool) -> Result<(Vec<Clip>, AudioReport)> {
+        let mut report = AudioReport::default();
+        if !on {
+            return Ok((vec![], report));
+        }
+        if !self.model.hears() {
+            report.notes.push("the model does not hear (it has no audio encoder): the turns' audio was not read".into());
+            return Ok((vec![], report));
+        }
+        let mut clips = hearing::collect(d, opts, &mut report)?;
+        if clips.is_empty() {
+            if let Some(r) = &item.recording {
+                clips = hearing::from_recording(&r.path, &r.turn_spans, r.target_span.0, opts, &mut report)?;
+            }
+        }
+        Ok((clips, report))
+    }
+}
+
 /// Creates `out` with config.json, or checks that an existing one describes the same run.
 fn prepare_out(out: &Path, spec: &RunSpec) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let cfg = out.join("config.json");
     if cfg.exists() {
-        let old: serde_json::Value = serde_json::from_str(&crate::input::read_string(&cfg, &crate::input::CONFIG)?).with_context(|| format!("reading {}", cfg.display()))?;
+        let mut old: serde_json::Value = serde_json::from_str(&crate::input::read_string(&cfg, &crate::input::CONFIG)?).with_context(|| format!("reading {}", cfg.display()))?;
+        with_added_defaults(&mut old);
         let new = serde_json::to_value(spec)?;
         if old != new {
             let diff: Vec<String> = new
@@ -278,6 +310,16 @@ fn prepare_out(out: &Path, spec: &RunSpec) -> Result<()> {
         std::fs::write(&cfg, serde_json::to_string_pretty(spec)?).with_context(|| format!("writing {}", cfg.display()))?;
     }
     Ok(())
+}
+
+/// Settings added after a run was started are what it ran with: hearing on and the default clip
+/// cap (a model that does not hear ignores both), so such a run still resumes.
+fn with_added_defaults(old: &mut serde_json::Value) {
+    let Some(o) = old.as_object_mut() else { return };
+    o.entry("max_audio").or_insert(serde_json::json!(default_max_audio()));
+    if let Some(p) = o.get_mut("pipeline").and_then(|p| p.as_object_mut()) {
+        p.entry("use_audio").or_insert(serde_json::json!(true));
+    }
 }
 
 /// Records of a results file, the last one per key. A partial last line (a killed run) is

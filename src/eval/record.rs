@@ -38,6 +38,9 @@ pub struct TraceSummary {
     pub starts: Vec<String>,
     pub plan: Option<Plan>,
     pub keyframes: usize,
+    /// Audio clips the agents heard.
+    #[serde(default)]
+    pub audio_clips: usize,
     pub exemplars: Vec<String>,
     pub notes: Vec<String>,
     pub calls: usize,
@@ -56,8 +59,9 @@ impl TraceSummary {
             starts: t.rounds.iter().map(|r| r.start.name().to_string()).collect(),
             plan: t.plan.clone(),
             keyframes: t.frames.kept.len(),
+            audio_clips: t.audio.kept.len(),
             exemplars: t.exemplars.iter().map(|e| e.0.clone()).collect(),
-            notes: t.notes.iter().chain(&t.frames.notes).cloned().collect(),
+            notes: t.notes.iter().chain(&t.frames.notes).chain(&t.audio.notes).cloned().collect(),
             calls: t.totals.calls,
             prompt_tokens: t.totals.prompt_tokens,
             cached_tokens: t.totals.cached_tokens,

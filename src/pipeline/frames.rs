@@ -17,12 +17,15 @@ use crate::dialogue::Dialogue;
 pub struct FrameOptions {
     pub frames_per_turn: usize,
     pub max_frames: usize,
+    /// Audio clips shown at most, one per turn, the most recent kept (`hearing`).
+    pub max_audio: usize,
+    /// Applies to audio too.
     pub skip_bad_media: bool,
 }
 
 impl Default for FrameOptions {
     fn default() -> Self {
-        FrameOptions { frames_per_turn: 1, max_frames: 8, skip_bad_media: false }
+        FrameOptions { frames_per_turn: 1, max_frames: 8, max_audio: super::hearing::DEFAULT_MAX_AUDIO, skip_bad_media: false }
     }
 }
 

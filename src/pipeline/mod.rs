@@ -2,6 +2,8 @@
 //! every agent through its own prompt, on the engine's shared KV pool.
 //!
 //! - `frames`: keyframes from per-turn clips / frames or one dialogue video, capped and fitted.
+//! - `hearing`: one audio clip per turn (its audio file, its clip's track, or a recording's
+//!   span), capped, cut to the model's audio window and fitted with the keyframes.
 //! - `prompt`: templates in `prompts/` and the shared prefix (system, dialogue, keyframes).
 //! - `mpa`, `caef`, `psp`, `sgrg`, `gra`: one agent each — output type and JSON schema.
 //! - `retrieval`: BM25 exemplar memory for SGRG.
@@ -13,6 +15,7 @@
 pub mod caef;
 pub mod frames;
 pub mod gra;
+pub mod hearing;
 pub mod model;
 pub mod mpa;
 pub mod orchestrate;
@@ -91,6 +94,13 @@ pub struct PipelineConfig {
     pub sampling: SamplingParams,
     /// Length cap of free-text fields in agent outputs (characters).
     pub max_field_chars: usize,
+    /// Give the turns' audio to a model that hears (off: text and keyframes only).
+    #[serde(default = "yes")]
+    pub use_audio: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for PipelineConfig {
@@ -108,6 +118,7 @@ impl Default for PipelineConfig {
             labels: crate::data::labels::LabelSet::meld().labels,
             sampling: SamplingParams { temperature: 0.7, top_p: 0.9, max_new_tokens: 256, ..Default::default() },
             max_field_chars: 160,
+            use_audio: true,
         }
     }
 }

@@ -48,6 +48,15 @@ pub trait AgentModel: Send + Sync {
     fn decoded_offsets(&self, tokens: &[u32]) -> Result<Vec<usize>>;
     /// Prefix-cache counters so far (None when the model has no cache).
     fn cache_stats(&self) -> Option<CacheStats>;
+    /// Seconds of audio one clip can hold; `None` for a model that does not hear (the default:
+    /// a model that does not say it hears gets no audio).
+    fn audio_window(&self) -> Option<f64> {
+        None
+    }
+    /// Whether the model has an audio encoder.
+    fn hears(&self) -> bool {
+        self.audio_window().is_some()
+    }
 }
 
 /// The real model: the paged engine behind its thread-safe handle. Token counting and
@@ -124,6 +133,10 @@ impl AgentModel for EngineModel {
 
     fn cache_stats(&self) -> Option<CacheStats> {
         self.handle.stats().ok().map(|s| s.prefix)
+    }
+
+    fn audio_window(&self) -> Option<f64> {
+        self.handle.preparer().processor.audio_window()
     }
 }
 

@@ -19,8 +19,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::caef::{self, Forecast};
-use super::frames::{self, FrameReport, Keyframe};
+use super::frames::{FrameReport, Keyframe};
 use super::gra::{self, Verdict};
+use super::hearing::{self, AudioReport, Clip};
 use super::model::{reply_logprobs, AgentCall, AgentModel};
 use super::mpa::{self, Evidence};
 use super::prompt::{Prompts, SharedContext};
@@ -54,6 +55,7 @@ struct Vars<'a> {
     next_speaker: &'a str,
     n_turns: usize,
     n_frames: usize,
+    n_audio: usize,
     labels: &'a [String],
     stances: &'a [&'a str],
     tones: &'a [&'a str],
@@ -67,7 +69,20 @@ struct Vars<'a> {
 
 impl<'a> Pipeline<'a> {
     /// Answers `dialogue` with keyframes already collected by `frames::collect`.
-    pub fn respond(&self, dialogue: &Dialogue, mut keyframes: Vec<Keyframe>, mut frame_report: FrameReport) -> Result<Trace> {
+    pub fn respond(&self, dialogue: &Dialogue, keyframes: Vec<Keyframe>, frame_report: FrameReport) -> Result<Trace> {
+        self.respond_heard(dialogue, keyframes, frame_report, vec![], AudioReport::default())
+    }
+
+    /// Answers `dialogue` with keyframes and audio clips (`hearing::collect`). The clips are
+    /// ignored, with a note, when `use_audio` is off or the model does not hear.
+    pub fn respond_heard(
+        &self,
+        dialogue: &Dialogue,
+        mut keyframes: Vec<Keyframe>,
+        mut frame_report: FrameReport,
+        mut clips: Vec<Clip>,
+        mut audio_report: AudioReport,
+    ) -> Result<Trace> {
         self.cfg.validate()?;
         dialogue.validate()?;
         let started = Instant::now();
@@ -75,8 +90,11 @@ impl<'a> Pipeline<'a> {
         if !dialogue.next_speaker_is_known() {
             notes.push(format!("next speaker {:?} does not appear in the history", dialogue.next_speaker));
         }
-        self.fit_frames(dialogue, &mut keyframes, &mut frame_report)?;
-        let shared = SharedContext::build(self.prompts, dialogue, &keyframes)?;
+        self.hear(&mut clips, &mut audio_report);
+        self.fit_media(dialogue, &mut keyframes, &mut frame_report, &mut clips, &mut audio_report)?;
+        // What the agents hear, whoever collected the clips.
+        audio_report.kept = clips.iter().map(|c| c.source.clone()).collect();
+        let shared = SharedContext::build_heard(self.prompts, dialogue, &keyframes, &clips)?;
         let exemplars: Vec<(f64, &Exemplar)> = match (self.memory, self.cfg.baseline) {
             (Some(m), None) => m.search(&context_text(dialogue), self.cfg.top_k, dialogue.id.as_deref()),
             _ => vec![],
@@ -99,6 +117,7 @@ impl<'a> Pipeline<'a> {
             turns: dialogue.turns.len(),
             config: self.cfg.clone(),
             frames: frame_report,
+            audio: audio_report,
             notes: run.notes,
             exemplars: exemplars.iter().map(|(s, e)| (e.key.clone(), *s)).collect(),
             selected_round: selected,
@@ -116,14 +135,29 @@ impl<'a> Pipeline<'a> {
         })
     }
 
-    /// Drops the oldest keyframes until the longest call (GRA, quoting every upstream output)
-    /// fits the context window.
-    fn fit_frames(&self, d: &Dialogue, keyframes: &mut Vec<Keyframe>, report: &mut FrameReport) -> Result<()> {
+    /// The clips the agents hear: none when hearing is off or the model has no ears (noted),
+    /// otherwise each cut to the model's audio window.
+    fn hear(&self, clips: &mut Vec<Clip>, report: &mut AudioReport) {
+        if !self.cfg.use_audio {
+            if clips.is_empty() {
+                report.notes.push("hearing is off (use_audio false)".into());
+            }
+            hearing::ignore(clips, report, "hearing is off (use_audio false)");
+        } else if !self.model.hears() {
+            hearing::ignore(clips, report, "the model does not hear (it has no audio encoder)");
+        } else if let Some(w) = self.model.audio_window() {
+            hearing::fit_to_window(clips, w, report);
+        }
+    }
+
+    /// Drops the oldest keyframes and clips until the longest call (GRA, quoting every upstream
+    /// output) fits the context window.
+    fn fit_media(&self, d: &Dialogue, keyframes: &mut Vec<Keyframe>, report: &mut FrameReport, clips: &mut Vec<Clip>, audio: &mut AudioReport) -> Result<()> {
         let budget = self.cfg.sampling.max_new_tokens;
         let window = self.model.context_window();
-        let probe = self.prompts.render("gra", self.vars(&SharedContext::build(self.prompts, d, &[])?, &State::default(), vec![], None, false))?;
-        frames::fit_to_context(keyframes, report, |kf| {
-            let shared = SharedContext::build(self.prompts, d, kf)?;
+        let probe = self.prompts.render("gra", self.vars(&SharedContext::build_heard(self.prompts, d, &[], clips)?, &State::default(), vec![], None, false))?;
+        hearing::fit_to_context(keyframes, report, clips, audio, |kf, cl| {
+            let shared = SharedContext::build_heard(self.prompts, d, kf, cl)?;
             let n = self.model.count_tokens(&shared.messages(&probe), &shared.media)?;
             // GRA's own output (double budget) plus room for the four upstream outputs it
             // quotes (schema-capped, so together about one budget).
@@ -136,6 +170,7 @@ impl<'a> Pipeline<'a> {
             next_speaker: &shared.next_speaker,
             n_turns: shared.n_turns,
             n_frames: shared.n_frames,
+            n_audio: shared.n_audio,
             labels: &self.cfg.labels,
             stances: &psp::STANCES,
             tones: &psp::TONES,
@@ -231,8 +266,8 @@ impl Run<'_, '_> {
         let text = self.p.prompts.render(stage.name(), &vars)?;
         let c = self.p.cfg;
         let schema = match stage {
-            Stage::Mpa => mpa::schema(self.shared.n_turns, self.shared.n_frames, c.max_field_chars),
-            Stage::Caef => caef::schema(&c.labels, self.shared.n_frames, c.max_field_chars),
+            Stage::Mpa => mpa::schema(self.shared.n_turns, self.shared.n_frames, self.shared.n_audio, c.max_field_chars),
+            Stage::Caef => caef::schema(&c.labels, self.shared.n_frames, self.shared.n_audio, c.max_field_chars),
             Stage::Psp => psp::schema(c.max_field_chars),
             Stage::Sgrg => sgrg::schema(2 * c.max_field_chars),
         };
@@ -294,6 +329,7 @@ impl Run<'_, '_> {
         let forecast = v["reply_emotion"].as_str().map(|e| Forecast {
             text_emotion: v["emotion"].as_str().unwrap_or_default().into(),
             visual_emotion: "none".into(),
+            audio_emotion: None,
             consistency: "no_visual".into(),
             rationale: v["cause"].as_str().unwrap_or_default().into(),
             emotion: e.into(),

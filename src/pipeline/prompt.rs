@@ -2,8 +2,9 @@
 //! and the shared prefix every agent call starts with.
 //!
 //! Layout of every call, chosen for the prefix cache: `[system (shared)] [user: dialogue header,
-//! turns with their keyframes (shared), agent-specific text (last)]`. Everything up to the last
-//! keyframe is byte-identical across agents and rounds, so the engine computes it once.
+//! turns with their keyframes and audio clips (shared), agent-specific text (last)]`. Everything
+//! up to the last keyframe or clip is byte-identical across agents and rounds, so the engine
+//! computes it once.
 //! Dialogue text and upstream outputs only ever enter as text parts, which the tokenizer treats
 //! as data: they cannot produce control tokens.
 
@@ -18,6 +19,7 @@ use crate::dialogue::Dialogue;
 use crate::vision::Media;
 
 use super::frames::Keyframe;
+use super::hearing::Clip;
 
 /// Template names and their built-in sources.
 const BUILTIN: [(&str, &str); 9] = [
@@ -84,8 +86,8 @@ impl Prompts {
     }
 }
 
-/// The part of every agent call that does not depend on the agent: system text, dialogue and
-/// keyframes.
+/// The part of every agent call that does not depend on the agent: system text, dialogue,
+/// keyframes and audio clips.
 #[derive(Clone)]
 pub struct SharedContext {
     pub system: String,
@@ -94,16 +96,24 @@ pub struct SharedContext {
     pub next_speaker: String,
     pub n_turns: usize,
     pub n_frames: usize,
+    pub n_audio: usize,
 }
 
 impl SharedContext {
     pub fn build(prompts: &Prompts, dialogue: &Dialogue, frames: &[Keyframe]) -> Result<Self> {
+        Self::build_heard(prompts, dialogue, frames, &[])
+    }
+
+    /// Each turn's text, then its keyframes, then its audio clip; dialogue-wide keyframes last.
+    /// Without clips the prefix is exactly `build`'s.
+    pub fn build_heard(prompts: &Prompts, dialogue: &Dialogue, frames: &[Keyframe], clips: &[Clip]) -> Result<Self> {
         let n_turns = dialogue.turns.len();
-        let system = prompts.render("system", minijinja::context! {})?;
-        let header = prompts.render("dialogue", minijinja::context! { n_turns, n_frames => frames.len() })?;
+        let n_audio = clips.len();
+        let system = prompts.render("system", minijinja::context! { n_audio })?;
+        let header = prompts.render("dialogue", minijinja::context! { n_turns, n_frames => frames.len(), n_audio })?;
         let mut parts = vec![ContentPart::Text(format!("{header}\n"))];
         let mut media = vec![];
-        let mut fi = 0;
+        let (mut fi, mut ci) = (0, 0);
         for (ti, turn) in dialogue.turns.iter().enumerate() {
             parts.push(ContentPart::Text(format!("[T{}] {}: {}\n", ti + 1, turn.speaker, turn.text)));
             // Keyframes follow the turn they were taken from; dialogue-wide frames come last.
@@ -111,6 +121,13 @@ impl SharedContext {
                 push_frame(&mut parts, &mut media, &frames[fi], fi);
                 fi += 1;
             }
+            while ci < clips.len() && clips[ci].turn == ti {
+                push_clip(&mut parts, &mut media, &clips[ci], ci);
+                ci += 1;
+            }
+        }
+        if let Some(c) = clips.get(ci) {
+            anyhow::bail!("the audio clip {} belongs to turn {}, which is out of order or beyond the dialogue's {n_turns} turns", c.source, c.turn + 1);
         }
         for (k, f) in frames.iter().enumerate().skip(fi) {
             push_frame(&mut parts, &mut media, f, k);
@@ -122,6 +139,7 @@ impl SharedContext {
             next_speaker: dialogue.next_speaker.clone(),
             n_turns,
             n_frames: frames.len(),
+            n_audio,
         })
     }
 
@@ -142,4 +160,11 @@ fn push_frame(parts: &mut Vec<ContentPart>, media: &mut Vec<Media>, f: &Keyframe
     parts.push(ContentPart::Image);
     parts.push(ContentPart::Text("\n".into()));
     media.push(Media::Image(f.image.clone()));
+}
+
+fn push_clip(parts: &mut Vec<ContentPart>, media: &mut Vec<Media>, c: &Clip, index: usize) {
+    parts.push(ContentPart::Text(format!("[A{}] audio of T{}: ", index + 1, c.turn + 1)));
+    parts.push(ContentPart::Audio);
+    parts.push(ContentPart::Text("\n".into()));
+    media.push(Media::Audio(c.pcm.clone()));
 }

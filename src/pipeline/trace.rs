@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::caef::Forecast;
 use super::frames::FrameReport;
+use super::hearing::AudioReport;
 use super::gra::Verdict;
 use super::mpa::Evidence;
 use super::psp::Plan;
@@ -81,6 +82,10 @@ pub struct Trace {
     pub turns: usize,
     pub config: PipelineConfig,
     pub frames: FrameReport,
+    /// The audio clips the agents heard, and what was dropped, cut or ignored (hearing off, a
+    /// model without ears).
+    #[serde(default)]
+    pub audio: AudioReport,
     /// Fallbacks taken and anything unusual about the input.
     pub notes: Vec<String>,
     /// Retrieved exemplars (key, BM25 score).

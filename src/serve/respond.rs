@@ -1,6 +1,6 @@
 //! `POST /v1/merg/respond`: the dialogue JSON of `merg respond`, with keyframes inline as
-//! base64 images instead of file paths, through the five-agent pipeline; answers the reply and
-//! the trace. Concurrent dialogues batch in the engine like any other requests. The server
+//! base64 images and each turn's audio as a base64 WAV/MP3/FLAC instead of file paths, through
+//! the five-agent pipeline; answers the reply and the trace. Concurrent dialogues batch in the engine like any other requests. The server
 //! reads no files for a client: paths and videos are refused. `pipeline` overrides fields of
 //! the server's pipeline defaults; `frames` the keyframe policy.
 
@@ -18,6 +18,7 @@ use crate::data::labels::LabelSet;
 use crate::dialogue::{Dialogue, Turn};
 use crate::engine::EngineError;
 use crate::pipeline::frames::{cap, evenly, FrameOptions, FrameReport, Keyframe};
+use crate::pipeline::hearing::{AudioReport, Clip};
 use crate::pipeline::model::EngineModel;
 use crate::pipeline::{Pipeline, PipelineConfig};
 
@@ -57,6 +58,9 @@ pub struct InlineTurn {
     /// Keyframes of this turn (base64 images, time order).
     #[serde(default)]
     pub frames: Vec<String>,
+    /// This turn's audio (base64 WAV, MP3 or FLAC; a `data:` URL prefix is allowed).
+    #[serde(default)]
+    pub audio: Option<String>,
     #[serde(default)]
     pub emotion: Option<String>,
 }
@@ -66,6 +70,7 @@ pub struct InlineTurn {
 pub struct FramesReq {
     pub frames_per_turn: Option<usize>,
     pub max_frames: Option<usize>,
+    pub max_audio: Option<usize>,
     pub skip_bad_media: Option<bool>,
 }
 
@@ -90,11 +95,11 @@ pub async fn respond(State(state): State<Arc<AppState>>, RequestBody(body): Requ
     let st = state.clone();
     let run = tokio::task::spawn_blocking(move || {
         let _slot = slot;
-        let (dialogue, keyframes, report) = checked_dialogue(req.dialogue, &opts, &st.cfg.limits)?;
+        let (dialogue, keyframes, report, heard) = checked_dialogue(req.dialogue, &opts, cfg.use_audio, &st.cfg.limits)?;
         let st2 = st.clone();
         let model = EngineModel::with_cancel(st.handle.clone(), Arc::new(move || gone.load(Ordering::SeqCst) || st2.cancelled()));
         let pipeline = Pipeline { model: &model, prompts: &st.cfg.prompts, memory: st.cfg.memory.as_ref(), cfg: &cfg };
-        let trace = pipeline.respond(&dialogue, keyframes, report).map_err(pipeline_error)?;
+        let trace = pipeline.respond_heard(&dialogue, keyframes, report, heard.clips, heard.report).map_err(pipeline_error)?;
         let t = &trace.totals;
         st.metrics.record(t.calls, t.prompt_tokens, t.cached_tokens, t.generated_tokens);
         Ok::<_, ApiError>(json!({"reply": trace.reply, "emotion": trace.emotion, "trace": trace}))
@@ -108,7 +113,15 @@ pub struct Checked {
     pub dialogue: Dialogue,
     pub keyframes: Vec<Keyframe>,
     pub report: FrameReport,
+    pub audio: Heard,
     pub cfg: PipelineConfig,
+}
+
+/// The turns' audio clips decoded from a request, and the report of what was kept.
+#[derive(Default)]
+pub struct Heard {
+    pub clips: Vec<Clip>,
+    pub report: AudioReport,
 }
 
 /// Body bytes to the pipeline's input without a model or a server, over the server's
@@ -117,8 +130,8 @@ pub struct Checked {
 pub fn parse_request(body: &[u8], defaults: &PipelineConfig, frames: &FrameOptions, limits: &Limits) -> Result<Checked, ApiError> {
     let mut req: RespondReq = parse_json(F, body)?;
     let (cfg, opts) = settings(&mut req, defaults, frames)?;
-    let (dialogue, keyframes, report) = checked_dialogue(req.dialogue, &opts, limits)?;
-    Ok(Checked { dialogue, keyframes, report, cfg })
+    let (dialogue, keyframes, report, audio) = checked_dialogue(req.dialogue, &opts, cfg.use_audio, limits)?;
+    Ok(Checked { dialogue, keyframes, report, audio, cfg })
 }
 
 /// The pipeline configuration and frame policy: the server's, with the request's overrides
@@ -129,16 +142,54 @@ fn settings(req: &mut RespondReq, defaults: &PipelineConfig, frames: &FrameOptio
     let opts = FrameOptions {
         frames_per_turn: f.frames_per_turn.unwrap_or(frames.frames_per_turn),
         max_frames: f.max_frames.unwrap_or(frames.max_frames),
+        max_audio: f.max_audio.unwrap_or(frames.max_audio),
         skip_bad_media: f.skip_bad_media.unwrap_or(frames.skip_bad_media),
     };
     Ok((cfg, opts))
 }
 
-/// The dialogue with its keyframes decoded, validated.
-fn checked_dialogue(d: InlineDialogue, opts: &FrameOptions, limits: &Limits) -> Result<(Dialogue, Vec<Keyframe>, FrameReport), ApiError> {
+/// The dialogue with its keyframes and (when `hear`) its turns' audio decoded, validated.
+fn checked_dialogue(mut d: InlineDialogue, opts: &FrameOptions, hear: bool, limits: &Limits) -> Result<(Dialogue, Vec<Keyframe>, FrameReport, Heard), ApiError> {
+    let heard = if hear { inline_audio(&d.turns, opts, limits)? } else { Heard::default() };
+    d.turns.iter_mut().for_each(|t| t.audio = None);
     let (dialogue, keyframes, report) = inline_dialogue(d, opts, limits)?;
     dialogue.validate().map_err(|e| ApiError::bad(F, format!("dialogue: {e:#}")))?;
-    Ok((dialogue, keyframes, report))
+    Ok((dialogue, keyframes, report, heard))
+}
+
+/// The audio of the `max_audio` most recent turns that have any, decoded (older ones are not),
+/// at most the server's `max_audio` limit; an undecodable clip is a 400 naming its field, or
+/// with `skip_bad_media` a note.
+fn inline_audio(turns: &[InlineTurn], opts: &FrameOptions, limits: &Limits) -> Result<Heard, ApiError> {
+    let with_audio: Vec<(usize, &str)> = turns.iter().enumerate().filter_map(|(ti, t)| t.audio.as_deref().map(|a| (ti, a))).collect();
+    let keep_from = with_audio.len().saturating_sub(opts.max_audio);
+    media::check_audio_count(with_audio.len() - keep_from, limits).map_err(|e| ApiError::bad(F, format!("{e} (frames.max_audio keeps fewer)")))?;
+    let mut heard = Heard::default();
+    let field = |ti: usize| format!("dialogue.turns[{ti}].audio");
+    if keep_from > 0 {
+        heard.report.notes.push(format!("{} audio clips given, max_audio {}: the {keep_from} oldest were not decoded", with_audio.len(), opts.max_audio));
+        heard.report.dropped = with_audio[..keep_from].iter().map(|&(ti, _)| field(ti)).collect();
+    }
+    for &(ti, b64) in &with_audio[keep_from..] {
+        match decode_audio(b64, &field(ti)) {
+            Ok(pcm) => heard.clips.push(Clip { turn: ti, source: field(ti), pcm }),
+            Err(e) if opts.skip_bad_media => heard.report.notes.push(format!("skipped unreadable audio: {e}")),
+            Err(e) => return Err(ApiError::bad(F, format!("{e} (frames.skip_bad_media continues without it)"))),
+        }
+    }
+    heard.report.kept = heard.clips.iter().map(|c| c.source.clone()).collect();
+    Ok(heard)
+}
+
+/// Base64 (optionally a `data:` URL) to 16 kHz mono, every audio cap applied; errors name `field`.
+fn decode_audio(b64: &str, field: &str) -> Result<crate::audio::Pcm, String> {
+    use base64::Engine as _;
+    let data = match b64.split_once(";base64,") {
+        Some((head, rest)) if head.starts_with("data:") => rest,
+        _ => b64,
+    };
+    let bytes = base64::engine::general_purpose::STANDARD.decode(data.trim()).map_err(|e| format!("{field}: not base64: {e}"))?;
+    crate::audio::load_audio_bytes(&bytes, field).map_err(|e| e.to_string())
 }
 
 /// The server's defaults with the request's overrides; unknown settings are refused (a typo
