@@ -6,10 +6,9 @@
 //! does not match them.
 
 mod common;
-#[path = "common/cli.rs"]
-mod cli;
 
 use candle_core::{DType, Device};
+use common::cli;
 use common::*;
 use merg::chat::{ContentPart, Message};
 use merg::checkpoint::Checkpoint;
