@@ -4,7 +4,8 @@
 //! `merg bench`'s triad roofline) and prefill (256 rows against a 3B model's MLP width,
 //! [11008, 2048]; multiply-adds per second), with candle's f32 GEMM on the prefill shape in
 //! the same run as the yardstick.
-//! `MERG_CPU_KERNELS=avx2` forces the AVX2 level on an AVX-512 machine.
+//! `MERG_CPU_KERNELS=avx2` forces the AVX2 level on an AVX-512 machine. With AVX-512 VNNI, Q6_K
+//! is measured a second time in `cpu::q6_k`'s panels (what a model uses there) on the same bytes.
 //!
 //! The blocks are random bytes with sane f16 scales (quantizing 22M values with candle would
 //! take longer than the measurement).
@@ -12,6 +13,7 @@
 use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use merg::cpu::blocks::{Format, PackedBlocks};
+use merg::cpu::q6_k::PackedQ6K;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 const N: usize = 11008;
@@ -27,8 +29,8 @@ fn scale_offsets(f: Format) -> &'static [usize] {
     }
 }
 
-/// The decode weight ([N_DECODE, K]) and the prefill one (its first N rows).
-fn weights(f: Format) -> (PackedBlocks, PackedBlocks) {
+/// Random blocks of `f` for the decode weight ([N_DECODE, K]); the prefill one is its first N rows.
+fn random_blocks(f: Format) -> Vec<u8> {
     let mut rng = StdRng::seed_from_u64(f as u64);
     let mut bytes: Vec<u8> = (0..N_DECODE * K / f.values() * f.bytes()).map(|_| rng.random()).collect();
     for blk in bytes.chunks_exact_mut(f.bytes()) {
@@ -36,6 +38,12 @@ fn weights(f: Format) -> (PackedBlocks, PackedBlocks) {
             blk[at..at + 2].copy_from_slice(&half::f16::from_f32(rng.random_range(1e-3..1e-2)).to_le_bytes());
         }
     }
+    bytes
+}
+
+/// The decode weight and the prefill one in the file's blocks.
+fn weights(f: Format) -> (PackedBlocks, PackedBlocks) {
+    let bytes = random_blocks(f);
     let pack = |n| PackedBlocks::pack(f, &bytes, n, K).expect("whole blocks");
     (pack(N_DECODE), pack(N))
 }
@@ -57,6 +65,15 @@ fn bench(c: &mut Criterion) {
         drop(big);
         g.throughput(Throughput::Elements((256 * N * K) as u64));
         g.bench_function(format!("{f:?}_prefill256_macs"), |b| b.iter(|| w.matmul(&x, 256, &mut out)));
+    }
+    if merg::cpu::q6_k::available() {
+        let bytes = random_blocks(Format::Q6K);
+        let (big, w) = (PackedQ6K::pack(&bytes, N_DECODE, K).expect("whole blocks"), PackedQ6K::pack(&bytes, N, K).expect("whole blocks"));
+        g.throughput(Throughput::Bytes(big.bytes() as u64));
+        g.bench_function("Q6K_vnni_decode_bytes", |b| b.iter(|| big.matmul(&x, 1, &mut out)));
+        drop(big);
+        g.throughput(Throughput::Elements((256 * N * K) as u64));
+        g.bench_function("Q6K_vnni_prefill256_macs", |b| b.iter(|| w.matmul(&x, 256, &mut out)));
     }
     let xt = Tensor::from_slice(&x, (256, K), &Device::Cpu).unwrap();
     let wt = Tensor::from_slice(&x[..K * 256], (256, K), &Device::Cpu).unwrap().repeat((N / 256, 1)).unwrap();

@@ -11,6 +11,7 @@ pub mod matvec;
 pub mod pages;
 pub mod panels;
 pub mod q4_k;
+pub mod q6_k;
 pub mod q8_0;
 pub mod quant;
 pub mod roofline;

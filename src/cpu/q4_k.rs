@@ -109,19 +109,22 @@ impl PackedQ4K {
 }
 
 /// Activations quantized per 256 values as ggml's `quantize_row_q8_K`: `q = round(−127 / max
-/// · x)` where `max` is the value of largest magnitude, `d = −max / 127`.
-struct Q8K {
+/// · x)` where `max` is the value of largest magnitude, `d = −max / 127` (Q4_K's and Q6_K's).
+pub(super) struct Q8K {
     /// int8 values, four to an i32 (the quadruple `vpdpbusd` broadcasts).
-    q: Vec<i32>,
-    d: Vec<f32>,
+    pub(super) q: Vec<i32>,
+    pub(super) d: Vec<f32>,
     /// Per block, the sums of its eight 32-value sub-blocks as 16-bit pairs `(2i, 2i + 1)`.
     sums: Vec<i32>,
+    /// Per block, the sums of its sixteen 16-value sub-blocks (Q6_K's, ggml's `bsums`).
+    pub(super) sums16: Vec<i32>,
 }
 
 impl Q8K {
-    fn quantize(x: &[f32], m: usize, k: usize) -> Q8K {
+    pub(super) fn quantize(x: &[f32], m: usize, k: usize) -> Q8K {
         let nb = m * k / BLOCK;
         let (mut q, mut d, mut sums) = (vec![0i32; m * k / 4], vec![0f32; nb], vec![0i32; nb * 4]);
+        let mut sums16 = vec![0i32; nb * 16];
         for (b, xs) in x.chunks_exact(BLOCK).enumerate() {
             let (amax, max) = xs.iter().fold((0f32, 0f32), |(a, m), &v| if v.abs() > a { (v.abs(), v) } else { (a, m) });
             if amax == 0.0 {
@@ -131,7 +134,9 @@ impl Q8K {
             let mut sub = [0i32; 8];
             for (i, quad) in q[b * BLOCK / 4..(b + 1) * BLOCK / 4].iter_mut().enumerate() {
                 let v = [0, 1, 2, 3].map(|j| (iscale * xs[4 * i + j]).round().clamp(-128.0, 127.0) as i8);
-                sub[i / 8] += v.iter().map(|&v| v as i32).sum::<i32>();
+                let quad_sum = v.iter().map(|&v| v as i32).sum::<i32>();
+                sub[i / 8] += quad_sum;
+                sums16[b * 16 + i / 4] += quad_sum;
                 *quad = i32::from_le_bytes(v.map(|v| v as u8));
             }
             for i in 0..4 {
@@ -139,7 +144,7 @@ impl Q8K {
             }
             d[b] = 1.0 / iscale;
         }
-        Q8K { q, d, sums }
+        Q8K { q, d, sums, sums16 }
     }
 }
 

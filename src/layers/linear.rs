@@ -15,6 +15,7 @@ use crate::cpu::fp32::PackedF32;
 use crate::cpu::blocks::{Format, PackedBlocks};
 use crate::cpu::quant::Kernel;
 use crate::cpu::q4_k::PackedQ4K;
+use crate::cpu::q6_k::PackedQ6K;
 use crate::cpu::q8_0::PackedQ8;
 use crate::weights::{Mapped, Weights};
 
@@ -31,6 +32,8 @@ enum Weight {
     PackedQ8(Arc<PackedQ8>),
     /// Q4_K in `cpu::q4_k`'s panel layout (likewise).
     PackedQ4K(Arc<PackedQ4K>),
+    /// Q6_K in `cpu::q6_k`'s panel layout (likewise).
+    PackedQ6K(Arc<PackedQ6K>),
     /// bf16 in `cpu::bf16`'s panel layout (the tensor it came from is dropped).
     PackedBf16(Arc<PackedBf16>),
     /// f32 in `cpu::fp32`'s panel layout (likewise).
@@ -60,6 +63,7 @@ fn pack_dense<T: candle_core::WithDType, P>(w: &Tensor, available: bool, pack: i
 fn pack_blocks(dtype: GgmlDType, blocks: &[u8], n: usize, k: usize) -> Option<Weight> {
     match crate::cpu::quant::kernel(dtype)? {
         Kernel::Vnni if dtype == GgmlDType::Q8_0 => PackedQ8::pack(blocks, n, k).map(|p| Weight::PackedQ8(Arc::new(p))),
+        Kernel::Vnni if dtype == GgmlDType::Q6K => PackedQ6K::pack(blocks, n, k).map(|p| Weight::PackedQ6K(Arc::new(p))),
         Kernel::Vnni => PackedQ4K::pack(blocks, n, k).map(|p| Weight::PackedQ4K(Arc::new(p))),
         Kernel::Blocks => PackedBlocks::pack(Format::of(dtype)?, blocks, n, k).map(|p| Weight::PackedBlocks(Arc::new(p))),
     }
@@ -154,7 +158,7 @@ impl Linear {
     }
 
     pub fn is_quantized(&self) -> bool {
-        matches!(self.weight, Weight::Candle(QMatMul::QTensor(_)) | Weight::PackedQ8(_) | Weight::PackedQ4K(_) | Weight::PackedBlocks(_))
+        matches!(self.weight, Weight::Candle(QMatMul::QTensor(_)) | Weight::PackedQ8(_) | Weight::PackedQ4K(_) | Weight::PackedQ6K(_) | Weight::PackedBlocks(_))
     }
 }
 
@@ -202,6 +206,7 @@ impl Linear {
         match &self.weight {
             Weight::PackedQ8(p) => Ok(p.rows()),
             Weight::PackedQ4K(p) => Ok(p.rows()),
+            Weight::PackedQ6K(p) => Ok(p.rows()),
             Weight::PackedBf16(p) => Ok(p.rows()),
             Weight::PackedF32(p) => Ok(p.rows()),
             Weight::PackedBlocks(p) => Ok(p.rows()),
@@ -233,6 +238,7 @@ impl Linear {
             [Weight::PackedF32(_), ..] => join!(PackedF32),
             [Weight::PackedQ8(_), ..] => join!(PackedQ8),
             [Weight::PackedQ4K(_), ..] => join!(PackedQ4K),
+            [Weight::PackedQ6K(_), ..] => join!(PackedQ6K),
             [Weight::PackedBlocks(_), ..] => join!(PackedBlocks),
             _ => {
                 let all: Option<Vec<_>> = parts.iter().map(|p| p.dense_weight()).collect();
@@ -364,6 +370,7 @@ impl Module for Linear {
         let y = match &self.weight {
             Weight::PackedQ8(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedQ4K(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
+            Weight::PackedQ6K(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedBlocks(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedBf16(p) => return packed(x, (p.rows(), p.cols()), |x: &[half::bf16], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedF32(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
