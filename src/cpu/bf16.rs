@@ -18,6 +18,8 @@ const PAIR_ROWS: usize = 2;
 #[derive(Debug)]
 pub struct PackedBf16(Panels);
 
+super::panels::panel_weight!(PackedBf16);
+
 /// Whether this machine runs the kernel (and the dispatch level allows AVX-512).
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -43,20 +45,6 @@ impl PackedBf16 {
                 }
             }
         }))
-    }
-
-    pub fn rows(&self) -> usize {
-        self.0.n
-    }
-
-    pub fn cols(&self) -> usize {
-        self.0.k
-    }
-
-    /// The parts' rows one after another, as one weight (q/k/v, gate/up); `None` unless they
-    /// share `k` and every part is whole panels.
-    pub fn concat(parts: &[&PackedBf16]) -> Option<PackedBf16> {
-        Panels::concat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>()).map(PackedBf16)
     }
 
     /// `out[m, n] = x[m, k] · wᵀ` in f32. Call only when `available()`; panics if the slices

@@ -13,6 +13,8 @@ use super::panels::{Line, Panels, PANEL};
 #[derive(Debug)]
 pub struct PackedF32(Panels);
 
+super::panels::panel_weight!(PackedF32);
+
 /// Whether this machine runs the kernel (and the dispatch level allows AVX-512).
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -35,20 +37,6 @@ impl PackedF32 {
                 }
             }
         }))
-    }
-
-    pub fn rows(&self) -> usize {
-        self.0.n
-    }
-
-    pub fn cols(&self) -> usize {
-        self.0.k
-    }
-
-    /// The parts' rows one after another, as one weight (q/k/v, gate/up); `None` unless they
-    /// share `k` and every part is whole panels.
-    pub fn concat(parts: &[&PackedF32]) -> Option<PackedF32> {
-        Panels::concat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>()).map(PackedF32)
     }
 
     /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are

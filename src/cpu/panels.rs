@@ -33,6 +33,34 @@ macro_rules! panel_rows {
 }
 pub(crate) use panel_rows;
 
+/// `rows`, `cols`, `bytes` and `concat` of a packed weight that is a newtype over `Panels` (every
+/// panel format has the same four).
+macro_rules! panel_weight {
+    ($t:ident) => {
+        impl $t {
+            pub fn rows(&self) -> usize {
+                self.0.n
+            }
+
+            pub fn cols(&self) -> usize {
+                self.0.k
+            }
+
+            /// Bytes held.
+            pub fn bytes(&self) -> usize {
+                self.0.bytes()
+            }
+
+            /// The parts' rows one after another (q/k/v, gate/up); `None` unless they share `k`
+            /// and every part is whole panels.
+            pub fn concat(parts: &[&$t]) -> Option<$t> {
+                $crate::cpu::panels::Panels::concat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>()).map($t)
+            }
+        }
+    };
+}
+pub(crate) use panel_weight;
+
 /// A 64-byte line, aligned as the cache is.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]

@@ -29,6 +29,8 @@ const META: usize = 5;
 #[derive(Debug)]
 pub struct PackedQ4K(Panels);
 
+super::panels::panel_weight!(PackedQ4K);
+
 /// Whether this machine runs the kernel (and the dispatch level allows AVX-512).
 pub fn available() -> bool {
     super::q8_0::available()
@@ -69,25 +71,6 @@ impl PackedQ4K {
                 }
             }
         })))
-    }
-
-    pub fn rows(&self) -> usize {
-        self.0.n
-    }
-
-    pub fn cols(&self) -> usize {
-        self.0.k
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.0.bytes()
-    }
-
-    /// The parts' rows one after another (q/k/v, gate/up); `None` unless they share `k` and
-    /// every part is whole panels.
-    pub fn concat(parts: &[&PackedQ4K]) -> Option<PackedQ4K> {
-        Panels::concat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>()).map(PackedQ4K)
     }
 
     /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are

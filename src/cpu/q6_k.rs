@@ -32,6 +32,8 @@ const HALF: usize = 24;
 #[derive(Debug)]
 pub struct PackedQ6K(Panels);
 
+super::panels::panel_weight!(PackedQ6K);
+
 /// Whether this machine runs the kernel (and the dispatch level allows AVX-512).
 pub fn available() -> bool {
     super::q8_0::available()
@@ -53,25 +55,6 @@ impl PackedQ6K {
                 }
             }
         })))
-    }
-
-    pub fn rows(&self) -> usize {
-        self.0.n
-    }
-
-    pub fn cols(&self) -> usize {
-        self.0.k
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.0.bytes()
-    }
-
-    /// The parts' rows one after another (q/k/v, gate/up); `None` unless they share `k` and
-    /// every part is whole panels.
-    pub fn concat(parts: &[&PackedQ6K]) -> Option<PackedQ6K> {
-        Panels::concat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>()).map(PackedQ6K)
     }
 
     /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are

@@ -26,6 +26,8 @@ pub const BLOCK_BYTES: usize = 34;
 #[derive(Debug)]
 pub struct PackedQ8(Panels);
 
+super::panels::panel_weight!(PackedQ8);
+
 /// Whether this machine runs the kernel (and the dispatch level allows AVX-512).
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -61,25 +63,6 @@ impl PackedQ8 {
                 }
             }
         })))
-    }
-
-    pub fn rows(&self) -> usize {
-        self.0.n
-    }
-
-    pub fn cols(&self) -> usize {
-        self.0.k
-    }
-
-    /// The parts' rows one after another, as one weight (q/k/v, gate/up); `None` unless they
-    /// share `k` and every part is whole panels.
-    pub fn concat(parts: &[&PackedQ8]) -> Option<PackedQ8> {
-        Panels::concat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>()).map(PackedQ8)
-    }
-
-    /// Bytes held (quantized values and scales).
-    pub fn bytes(&self) -> usize {
-        self.0.bytes()
     }
 
     /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are
