@@ -87,17 +87,18 @@ impl Checkpoint {
         let (weights, quant_stats) = opts.weights(Weights::safetensors(&files.weights, dtype, device)?);
         let model = models::load(&config, weights).with_context(what)?;
         let tokenizer = Arc::new(ChatTokenizer::from_dir(&files.dir)?);
-        let mut preprocessor = match &files.preprocessor_config {
-            Some(p) => PreprocessorConfig::from_file(p)?,
-            None => PreprocessorConfig::default(),
+        // One read of preprocessor_config.json serves the image settings and, for a model that
+        // hears, the feature extractor's.
+        let (mut preprocessor, mel) = match &files.preprocessor_config {
+            Some(p) => {
+                let text = crate::input::read_string(p, &crate::input::CONFIG).context("reading the preprocessor config")?;
+                (PreprocessorConfig::from_text(&text, p)?, mel_config(&text, p)?)
+            }
+            None => (PreprocessorConfig::default(), None),
         };
         if let Some(p) = &files.video_preprocessor_config {
             preprocessor.read_video_budget(p)?;
         }
-        let mel = match &files.preprocessor_config {
-            Some(p) => mel_config(p)?,
-            None => None,
-        };
         let processor = processor_for(&model, tokenizer, preprocessor, mel)?;
         let tokenizer_json = Some(TokenizerJson::File(files.tokenizer.clone()));
         Ok(Checkpoint { model, processor, files: Some(files), gguf: None, quant_stats, tokenizer_json })
@@ -172,9 +173,8 @@ fn processor_for(model: &Arc<dyn models::Model>, tokenizer: Arc<ChatTokenizer>, 
     Ok(processor)
 }
 
-/// The feature extractor's settings in a preprocessor_config.json, if it names one.
-fn mel_config(path: &std::path::Path) -> Result<Option<crate::audio::MelConfig>> {
-    let text = crate::input::read_string(path, &crate::input::CONFIG)?;
-    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+/// The feature extractor's settings in a preprocessor_config.json's `text`, if it names one.
+fn mel_config(text: &str, path: &std::path::Path) -> Result<Option<crate::audio::MelConfig>> {
+    let v: serde_json::Value = serde_json::from_str(text).with_context(|| format!("{} is not JSON", path.display()))?;
     crate::audio::MelConfig::from_preprocessor_json(&v).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }

@@ -161,7 +161,13 @@ impl PreprocessorConfig {
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let text = crate::input::read_string(path, &crate::input::CONFIG).context("reading the preprocessor config")?;
-        let de = &mut serde_json::Deserializer::from_str(&text);
+        Self::from_text(&text, path)
+    }
+
+    /// Parse and validate the text of a `preprocessor_config.json` read from `path` (named in
+    /// errors), for callers that read the same file for more than the image settings.
+    pub fn from_text(text: &str, path: &Path) -> Result<Self> {
+        let de = &mut serde_json::Deserializer::from_str(text);
         let cfg: Self = serde_path_to_error::deserialize(de)
             .map_err(|e| anyhow::anyhow!("parsing preprocessor config {}: field {}: {}", path.display(), e.path(), e.inner()))?;
         cfg.validate().with_context(|| format!("invalid preprocessor config {}", path.display()))?;
