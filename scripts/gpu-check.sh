@@ -15,7 +15,8 @@
 #
 # Each step runs under its own time limit and a failing step does not stop the others: the
 # report lists every step's exit status. STEP_TIMEOUT (seconds, default 150) bounds each. The
-# report folder holds at most 8 files (7 logs and report.md), what a device call brings back.
+# report folder holds report.md and logs.tgz (a device call brings back at most 8 files).
+# GPU_STEPS="info parity-f32 …" runs only the named steps (see run() for the names).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-all}
@@ -57,6 +58,24 @@ cuda_libs() {
     sp=$($py -c 'import site; print(site.getsitepackages()[0])' 2> /dev/null) || continue
     ls -d "$sp"/nvidia/*/lib > /dev/null 2>&1 && { ls -d "$sp"/nvidia/*/lib | paste -sd:; return; }
   done
+}
+
+# same_tokens MERG: greedy and sampled ids of `merg generate` on tiny checkpoints, --device cuda
+# against --device cpu (f32 both); prints each pair and fails when any differ.
+same_tokens() {
+  local merg=$1 rc=0 fam mode out
+  for fam in tiny-qwen2_5-vl tiny-qwen3_5; do
+    for mode in greedy sampled; do
+      local args=(generate --model "tests/fixtures/$fam" --prompt "How was your day?" --max-new-tokens 24 --json --dtype f32)
+      [ "$mode" = sampled ] && args+=(--temperature 1.3 --top-p 0.95 --seed 9)
+      local cpu cuda
+      cpu=$("$merg" "${args[@]}" --device cpu | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
+      cuda=$("$merg" "${args[@]}" --device cuda | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
+      [ "$cpu" = "$cuda" ] && out=same || { out=DIFFERENT; rc=1; }
+      echo "$fam $mode tokens $out: cpu $cpu cuda $cuda"
+    done
+  done
+  return $rc
 }
 
 run() {
@@ -101,32 +120,46 @@ run() {
   }
   local tok=(--tokenizer "$bin/tokenizer.json")
   [ -f "$bin/tokenizer.json" ] || tok=()
-  export MERG_FIXTURES_DIR=$PWD/tests/fixtures MERG_TEST_DEVICE=cuda
-  step info "$bin/merg" info --model tests/fixtures/tiny-qwen2_5-vl
-  step parity-f32 "$bin/parity" --test-threads 1 matches_transformers
-  step parity-bf16 "$bin/parity" --test-threads 1 bf16
-  unset MERG_TEST_DEVICE
-  local b=(--device cuda --decode-tokens 64 --quant bf16,q4k)
-  step bench-qwen2.5-vl-7b "$bin/merg" bench --config models/qwen2.5-vl-7b-instruct.json "${b[@]}" --prompt-tokens 512 --batch 8 "${tok[@]}"
-  # Qwen3.5's delta rule still runs on the host (issue 27): a shorter prompt.
-  step bench-qwen3.5-9b "$bin/merg" bench --config models/qwen3.5-9b.json "${b[@]}" --prompt-tokens 256
-  step bench-agents-7b "$bin/merg" bench-agents --config models/qwen2.5-vl-7b-instruct.json "${tok[@]}" --device cuda --dialogues 4 --repeats 1 --new-tokens 16
+  export MERG_FIXTURES_DIR=$PWD/tests/fixtures
+  local b=(--device cuda --decode-tokens 64)
   local total
   total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-  step plan-7b "$bin/merg" plan --config models/qwen2.5-vl-7b-instruct.json --memory "${total}MiB" --dialogues 4
+  # GPU_STEPS picks steps by name (a device call may run a part, then the rest); default all.
+  local steps=${GPU_STEPS:-info parity-f32 parity-bf16 sampling bench-qwen2.5-vl-7b bench-qwen3.5-9b bench-agents-7b plan-7b bench-qwen3.5-27b}
+  for s in $steps; do
+    case $s in
+      info) step info "$bin/merg" info --model tests/fixtures/tiny-qwen2_5-vl ;;
+      parity-f32) step parity-f32 env MERG_TEST_DEVICE=cuda "$bin/parity" --test-threads 1 matches_transformers ;;
+      parity-bf16) step parity-bf16 env MERG_TEST_DEVICE=cuda "$bin/parity" --test-threads 1 bf16 ;;
+      # The paged engine's device path (batched attention, delta rule as tensor ops, the
+      # ranked head of a sampled row) against the same binary on the host's CPU.
+      sampling) step sampling bash scripts/gpu-check.sh same-tokens "$bin/merg" ;;
+      bench-qwen2.5-vl-7b) step "$s" "$bin/merg" bench --config models/qwen2.5-vl-7b-instruct.json "${b[@]}" --quant bf16,q4k --prompt-tokens 512 --batch 8 "${tok[@]}" ;;
+      # No --batch for Qwen3.5: it needs the model's own tokenizer (248k tokens), not Qwen2's.
+      bench-qwen3.5-9b) step "$s" "$bin/merg" bench --config models/qwen3.5-9b.json "${b[@]}" --quant bf16,q4k --prompt-tokens 512 ;;
+      bench-agents-7b) step "$s" "$bin/merg" bench-agents --config models/qwen2.5-vl-7b-instruct.json "${tok[@]}" --device cuda --dialogues 4 --repeats 1 --new-tokens 16 ;;
+      plan-7b) step "$s" "$bin/merg" plan --config models/qwen2.5-vl-7b-instruct.json --memory "${total}MiB" --dialogues 4 ;;
+      # The paper's backbone (Qwen3.5 27B; it ran Q4_K_M): q4k here, in situ from dummy weights.
+      bench-qwen3.5-27b) step "$s" "$bin/merg" bench --config models/qwen3.5-27b.json "${b[@]}" --quant q4k --prompt-tokens 512 ;;
+      *) echo "gpu-check: unknown step $s" >&2 ;;
+    esac
+  done
   {
     echo
     echo 'Figures (from the logs beside this report):'
     echo '```'
-    grep -E '^(roofline|decode|prefill|memory|weights|loading peak|fits|verdict|test result|test .* (ok|FAILED)|.*greedy|.*logits rel)|"(cache_hit_fraction|wall_ratio|wall_s|dialogues_per_minute|device_memory_used_bytes)"' "$report"/*.log
+    grep -E '^(roofline|decode|prefill|memory|weights|loading peak|fits|verdict|test result|test .* (ok|FAILED)|.*greedy|.* tokens (same|DIFFERENT)|.*logits rel)|"(cache_hit_fraction|wall_ratio|wall_s|dialogues_per_minute|device_memory_used_bytes)"' "$report"/*.log
     echo '```'
   } >> "$md"
+  # A device call brings back at most 8 files: the logs travel as one archive.
+  tar -czf "$report/logs.tgz" -C "$report" $(cd "$report" && ls ./*.log) && rm -f "$report"/*.log
   cat "$md"
 }
 
 case $mode in
   build) build ;;
   run) run ;;
+  same-tokens) same_tokens "$2" ;;
   all)
     if has_gpu; then
       build && run

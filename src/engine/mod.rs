@@ -7,7 +7,8 @@
 //! - `block_manager`: which pool blocks each sequence owns; prefix-cache hashing and LRU.
 //! - `kv_pool`: the K/V tensors of the attention layers (scatter writes, gathered reads).
 //! - `paged_attention`: the model's `StepCache` over the pool for a packed step.
-//! - `sampling`: every sequence of a step sampled with one read-back from the device.
+//! - `sampling`: every sequence of a step sampled with one read-back from the device
+//!   (`ranking`: the head of a sampled row ranked there; `draw`: the seeded draw over it).
 //! - `scheduler`: continuous batching with chunked prefill and preemption.
 //! - `vision_cache`: encoded images by content hash.
 //! - `constraint`: JSON-schema constrained decoding (llguidance).
@@ -26,6 +27,7 @@ pub mod handle;
 pub mod kv_pool;
 pub mod kv_store;
 pub mod paged_attention;
+mod draw;
 mod ranking;
 pub mod request;
 pub mod sampling;

@@ -85,17 +85,25 @@ pub struct PagedStep<'a> {
     /// The batched path's indices and mask, built at the step's first attention layer of each
     /// group (global, or sliding with its window).
     batch: [OnceCell<Batch>; 2],
+    /// `TILE_BYTES` (smaller in tests, to cover the tiles).
+    tile_bytes: usize,
 }
 
 impl<'a> PagedStep<'a> {
     pub fn new(pool: &'a KvPool, runs: Vec<SeqRun>, write_index: [Option<Tensor>; 2]) -> Self {
-        PagedStep { pool, runs, write_index, batch: [OnceCell::new(), OnceCell::new()] }
+        PagedStep { pool, runs, write_index, batch: [OnceCell::new(), OnceCell::new()], tile_bytes: TILE_BYTES }
     }
 }
 
-/// Every run of a step padded to the longest run (queries) and the longest context (keys):
-/// the same for all layers of the step, so built once.
-struct Batch {
+/// Scores of one product at most this many bytes (f32): a part with more goes in tiles of
+/// query rows, so a long prefill chunk beside many contexts cannot outgrow the memory the KV
+/// pool leaves free (the pool takes all but a fixed reserve).
+const TILE_BYTES: usize = 128 << 20;
+
+/// The runs of a step that attend together, padded to the longest of them (queries) and the
+/// longest context (keys). A step has at most two: its one-token runs (decodes) and its
+/// longer runs (prefill chunks), so a decode is never padded to a chunk's length.
+struct Part {
     /// `[R·Lmax]` slots: each run's context, padded with its last slot (masked out).
     slots: Tensor,
     /// `[R·Qmax]` rows of the packed queries, padded with the run's first row.
@@ -103,15 +111,23 @@ struct Batch {
     /// `[R, 1, 1, Qmax, Lmax]` additive mask (0 or −inf) in the queries' dtype: padding and the
     /// future hidden, broadcast over kv heads and their query groups.
     mask: Tensor,
-    /// `[T]` rows of the padded output that are real tokens, in packed order.
+    /// `[T_part]` rows of the padded output that are real tokens, in run order.
     keep: Tensor,
+    runs: usize,
     qmax: usize,
     lmax: usize,
 }
 
-impl Batch {
+/// A step's parts, the same for all layers of a pool group, so built once.
+struct Batch {
+    parts: Vec<Part>,
+    /// `[T]` row of each packed token in the parts' outputs joined (None: already in order).
+    order: Option<Tensor>,
+}
+
+impl Part {
     /// Each run's keys from the first its queries see (`SeqRun::keys`), in `group`.
-    fn new(runs: &[SeqRun], group: usize, window: Option<usize>, dev: &candle_core::Device, dtype: candle_core::DType) -> Result<Batch> {
+    fn new(runs: &[&SeqRun], group: usize, window: Option<usize>, dev: &candle_core::Device, dtype: candle_core::DType) -> Result<Part> {
         let keys = runs.iter().map(|r| r.keys(group, window).map(|(at, g)| (g.first + at, &g.slots[at..]))).collect::<Result<Vec<_>>>()?;
         let qmax = runs.iter().map(|r| r.len).max().unwrap_or(1);
         let lmax = keys.iter().map(|(_, k)| k.len()).max().unwrap_or(1);
@@ -129,22 +145,42 @@ impl Batch {
             }
         }
         let r = runs.len();
-        Ok(Batch {
+        Ok(Part {
             slots: Tensor::new(slots, dev)?,
             rows: Tensor::new(rows, dev)?,
             mask: Tensor::from_vec(mask, (r, 1, 1, qmax, lmax), dev)?.to_dtype(dtype)?,
             keep: Tensor::new(keep, dev)?,
+            runs: r,
             qmax,
             lmax,
         })
     }
 }
 
+impl Batch {
+    fn new(runs: &[SeqRun], group: usize, window: Option<usize>, dev: &candle_core::Device, dtype: candle_core::DType) -> Result<Batch> {
+        let (decodes, chunks): (Vec<&SeqRun>, Vec<&SeqRun>) = runs.iter().partition(|r| r.len == 1);
+        let split = [decodes, chunks].into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>();
+        let parts = split.iter().map(|p| Part::new(p, group, window, dev, dtype)).collect::<Result<Vec<_>>>()?;
+        // Packed token → its row in the joined outputs (parts in turn, each in run order).
+        let mut order = vec![0u32; runs.iter().map(|r| r.start + r.len).max().unwrap_or(0)];
+        let mut next = 0u32;
+        for r in split.iter().flatten() {
+            for t in 0..r.len {
+                order[r.start + t] = next;
+                next += 1;
+            }
+        }
+        let in_order = order.iter().enumerate().all(|(i, &o)| i as u32 == o);
+        Ok(Batch { parts, order: (!in_order).then(|| Tensor::new(order, dev)).transpose()? })
+    }
+}
+
 impl PagedStep<'_> {
-    /// All runs in one computation: one gather of every context from the pool, one masked
-    /// grouped-query product. `q: [T, H, d]` → `[T, H·d]`, equal to `causal_gqa` per run.
+    /// All runs in at most two computations (decodes, prefill chunks): one gather of each
+    /// part's contexts from the pool, one masked grouped-query product (in query tiles when
+    /// long). `q: [T, H, d]` → `[T, H·d]`, equal to `causal_gqa` per run.
     fn batched(&self, layer: usize, q: &Tensor, scale: f64, window: Option<usize>) -> Result<Tensor> {
-        let (_, h, d) = q.dims3()?;
         let group = self.pool.group(layer, window).map_err(candle_core::Error::wrap)?;
         let cell = &self.batch[group];
         let b = match cell.get() {
@@ -154,18 +190,40 @@ impl PagedStep<'_> {
                 cell.get_or_init(|| b)
             }
         };
-        let (r, kvh) = (self.runs.len(), self.pool.kv_heads());
+        let outs = b.parts.iter().map(|p| self.attend_part(p, layer, q, scale)).collect::<Result<Vec<_>>>()?;
+        let out = match outs.len() {
+            1 => outs.into_iter().next().expect("one part"),
+            _ => Tensor::cat(&outs, 0)?,
+        };
+        match &b.order {
+            Some(order) => out.index_select(order, 0),
+            None => Ok(out),
+        }
+    }
+
+    fn attend_part(&self, p: &Part, layer: usize, q: &Tensor, scale: f64) -> Result<Tensor> {
+        let (_, h, d) = q.dims3()?;
+        let (r, kvh) = (p.runs, self.pool.kv_heads());
         let g = h / kvh;
-        let (k, v) = self.pool.gather(layer, &b.slots, q.dtype()).map_err(candle_core::Error::wrap)?;
-        let kv = |x: Tensor| x.reshape((r, b.lmax, kvh, d))?.permute((0, 2, 1, 3))?.contiguous(); // [R, KV, L, d]
-        let (k, v) = (kv(k)?, kv(v)?);
-        // [R, KV, G·Qmax, d]: each kv head serves its group of query heads.
-        let q = q.index_select(&b.rows, 0)?.reshape((r, b.qmax, kvh, g, d))?.permute((0, 2, 3, 1, 4))?.reshape((r, kvh, g * b.qmax, d))?;
-        let att = (q.contiguous()?.matmul(&k.transpose(2, 3)?.contiguous()?)? * scale)?;
-        let att = att.reshape((r, kvh, g, b.qmax, b.lmax))?.broadcast_add(&b.mask)?;
-        let att = softmax_f32(&att)?.to_dtype(v.dtype())?.reshape((r, kvh, g * b.qmax, b.lmax))?;
-        let out = att.matmul(&v)?.reshape((r, kvh, g, b.qmax, d))?.permute((0, 3, 1, 2, 4))?.reshape((r * b.qmax, h * d))?;
-        out.index_select(&b.keep, 0)
+        let (k, v) = self.pool.gather(layer, &p.slots, q.dtype()).map_err(candle_core::Error::wrap)?;
+        let kv = |x: Tensor| x.reshape((r, p.lmax, kvh, d))?.permute((0, 2, 1, 3))?.contiguous(); // [R, KV, L, d]
+        let (kt, v) = (kv(k)?.transpose(2, 3)?.contiguous()?, kv(v)?);
+        // [R, KV, G, Qmax, d]: each kv head serves its group of query heads.
+        let q = q.index_select(&p.rows, 0)?.reshape((r, p.qmax, kvh, g, d))?.permute((0, 2, 3, 1, 4))?;
+        let tile = (self.tile_bytes / (r * h * p.lmax * 4)).clamp(1, p.qmax);
+        let mut tiles = Vec::with_capacity(p.qmax.div_ceil(tile));
+        for q0 in (0..p.qmax).step_by(tile) {
+            let n = tile.min(p.qmax - q0);
+            let qt = q.narrow(3, q0, n)?.contiguous()?.reshape((r, kvh, g * n, d))?;
+            let att = (qt.matmul(&kt)? * scale)?.reshape((r, kvh, g, n, p.lmax))?.broadcast_add(&p.mask.narrow(3, q0, n)?)?;
+            let att = softmax_f32(&att)?.to_dtype(v.dtype())?.reshape((r, kvh, g * n, p.lmax))?;
+            tiles.push(att.matmul(&v)?.reshape((r, kvh, g, n, d))?);
+        }
+        let out = match tiles.len() {
+            1 => tiles.pop().expect("one tile"),
+            _ => Tensor::cat(&tiles, 3)?,
+        };
+        out.permute((0, 3, 1, 2, 4))?.reshape((r * p.qmax, h * d))?.index_select(&p.keep, 0)
     }
 }
 
@@ -276,14 +334,15 @@ mod tests {
         Ok((pool, k, v))
     }
 
-    /// A mixed step (two decode runs, a prefill chunk after a cached past, a fresh prefill,
-    /// contexts of different lengths in scattered slots): the one batched computation equals
-    /// causal attention run by run.
+    /// A mixed step (decode runs between prefill chunks, a chunk after a cached past, a fresh
+    /// prefill, contexts of different lengths in scattered slots): the batched computation
+    /// (decodes and chunks as two parts, their rows put back in packed order) equals causal
+    /// attention run by run, in one tile and in tiles of one query row.
     #[test]
     fn batched_attention_equals_attention_per_run() -> anyhow::Result<()> {
         let dev = Device::Cpu;
         let (pool, _, _) = filled_pool(LayerKind::Attention, (1, 2))?;
-        let contexts: [(Vec<u32>, usize); 4] = [((0..5).collect(), 1), ((8..17).collect(), 1), ((20..27).rev().collect(), 3), ((28..32).collect(), 4)];
+        let contexts: [(Vec<u32>, usize); 4] = [((20..27).rev().collect(), 3), ((0..5).collect(), 1), ((28..32).collect(), 4), ((8..17).collect(), 1)];
         let (mut runs, mut start) = (vec![], 0);
         for (slots, len) in contexts {
             let past = slots.len() - len;
@@ -297,11 +356,14 @@ mod tests {
             want.push(causal_gqa(&q.narrow(0, r.start, r.len)?, &kc, &vc, 0.35)?);
         }
         let want = Tensor::cat(&want, 0)?;
-        let step = PagedStep::new(&pool, runs, [None, None]);
-        let got = step.batched(0, &q, 0.35, None)?;
-        assert_eq!(got.dims(), want.dims());
-        let err = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        assert!(err < 1e-6, "{err}");
+        let mut step = PagedStep::new(&pool, runs, [None, None]);
+        for tile_bytes in [TILE_BYTES, 1] {
+            step.tile_bytes = tile_bytes;
+            let got = step.batched(0, &q, 0.35, None)?;
+            assert_eq!(got.dims(), want.dims());
+            let err = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(err < 1e-6, "tiles of {tile_bytes} bytes: {err}");
+        }
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 //! per row), so a 152k-token row is ranked in rounds: split into rows of 1,024, keep each
 //! one's best `m`, and rank the survivors again until one row of at most 1,024 is left. Every
 //! round is a handful of launches (pad, sort, gather), about twenty for a Qwen vocabulary.
+//! The draw over the head runs there too (`draw`).
 
 use candle_core::{DType, Tensor, D};
 
@@ -12,7 +13,7 @@ const SORT_WIDTH: usize = 1024;
 
 /// The best `m` entries of each row of `x` `[r, n]` (f32; masked entries −∞), best first:
 /// (values `[r, m]`, column ids `[r, m]` as u32). Ties at the cut may keep either id; the
-/// host re-orders the head by (value, id) before it walks it.
+/// draw orders the head by (value, id) itself.
 pub fn top_m(x: &Tensor, m: usize) -> candle_core::Result<(Tensor, Tensor)> {
     let (r, n) = x.dims2()?;
     let ids = Tensor::arange(0u32, n as u32, x.device())?.unsqueeze(0)?.broadcast_as((r, n))?.contiguous()?;
@@ -44,15 +45,11 @@ fn round(x: &Tensor, ids: &Tensor, m: usize) -> candle_core::Result<(Tensor, Ten
 }
 
 /// Σ over each row of exp(x·inv_t − top·inv_t) in f64, as the host sampler sums it (the
-/// subtraction in f32, the exponential and the sum in f64), split into two f32s (hi + lo)
-/// so the one f32 read-back carries it at f64 precision. `top` `[r, 1]` is the row's best
-/// value, `inv_t` `[r, 1]` its 1/temperature.
-pub fn weight_totals(x: &Tensor, top: &Tensor, inv_t: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+/// subtraction in f32, the exponential and the sum in f64): `[r, 1]` f64, kept on the device
+/// for the draw. `top` `[r, 1]` is the row's best value, `inv_t` `[r, 1]` its 1/temperature.
+pub fn weight_totals(x: &Tensor, top: &Tensor, inv_t: &Tensor) -> candle_core::Result<Tensor> {
     let shifted = x.broadcast_mul(inv_t)?.broadcast_sub(&top.mul(inv_t)?)?;
-    let total = shifted.to_dtype(DType::F64)?.exp()?.sum_keepdim(D::Minus1)?;
-    let hi = total.to_dtype(DType::F32)?;
-    let lo = (total - hi.to_dtype(DType::F64)?)?.to_dtype(DType::F32)?;
-    Ok((hi, lo))
+    shifted.to_dtype(DType::F64)?.exp()?.sum_keepdim(D::Minus1)
 }
 
 #[cfg(test)]
@@ -88,8 +85,7 @@ mod tests {
         let inv_t = 1.0f32 / 0.7;
         let want: f64 = row.iter().map(|&x| ((x * inv_t - top * inv_t) as f64).exp()).sum();
         let dev = Device::Cpu;
-        let (hi, lo) = weight_totals(&Tensor::new(vec![row], &dev)?, &Tensor::new(&[[top]], &dev)?, &Tensor::new(&[[inv_t]], &dev)?)?;
-        let got = hi.to_vec2::<f32>()?[0][0] as f64 + lo.to_vec2::<f32>()?[0][0] as f64;
+        let got = weight_totals(&Tensor::new(vec![row], &dev)?, &Tensor::new(&[[top]], &dev)?, &Tensor::new(&[[inv_t]], &dev)?)?.to_vec2::<f64>()?[0][0];
         assert!((got - want).abs() <= want * 1e-13, "{got} vs {want}");
         Ok(())
     }

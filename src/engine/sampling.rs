@@ -4,18 +4,20 @@
 //! Off the CPU (and with `MERG_CPU_KERNELS=generic`), a greedy row is settled there: the
 //! constraint's mask applied, its argmax, the model's log-sum-exp, the chosen logit and a
 //! finiteness check come back as four numbers. A row sampled with a temperature is ranked
-//! there (`ranking`): the head of its order and its normaliser come back, and the seeded
-//! sampler draws from the head on the host exactly what it would from the whole row (so a
-//! seed means the same on every device). A walk past the head fetches the row in a second
-//! transfer (a nucleus of over `HEAD` tokens: rare). Everything that crosses goes through
+//! there (`ranking`) and drawn there (`draw`), with the uniform its seeded sampler draws on
+//! the host: the walk's token, its logit and a flag come back, the same token the host
+//! sampler draws from the whole row (so a seed means the same on every device). A walk past
+//! the head fetches the row in a second transfer (a nucleus of over `HEAD` tokens: rare) and
+//! the host finishes it with the same uniform. Everything that crosses goes through
 //! `read_back`, which counts; one transfer per step otherwise.
 //! On the CPU the rows are already in host memory and are read once per step as they are.
 
 use anyhow::Result;
 use candle_core::{DType, Tensor, D};
 
-use crate::generate::{check_mask, settle_step, FinishReason, Head, HeadDraw, NonFiniteLogits};
+use crate::generate::{check_mask, settle_step, FinishReason, NonFiniteLogits};
 
+use super::draw::{draw, Walk};
 use super::ranking::{top_m, weight_totals};
 use super::sequence::Sequence;
 
@@ -35,18 +37,18 @@ pub fn read_back(t: &Tensor, count: &mut u64) -> candle_core::Result<Vec<f32>> {
 enum Form {
     /// Greedy: settled there (argmax, log-sum-exp, the chosen logit).
     Settled,
-    /// Sampled: the head of its order and its normaliser.
+    /// Sampled: ranked and drawn there (the token, its logit, past-the-head).
     Head,
     /// Sampled with a top-k wider than the head, or on the host: the whole row.
     Whole,
 }
 
-/// What a row needs: its constraint's mask (None: unrestricted), how it comes back and its
-/// 1/temperature.
+/// What a row needs: its constraint's mask (None: unrestricted), how it comes back and, for
+/// a draw on the device, the walk (its uniform already drawn from the sequence's stream).
 struct Need {
     mask: Option<Vec<bool>>,
     form: Form,
-    inv_t: f32,
+    walk: Option<Walk>,
 }
 
 /// Samples one token for each of `seqs` from `logits` `[R, vocab]` (row i for seqs[i]); each
@@ -55,7 +57,7 @@ pub fn sample_rows(logits: &Tensor, seqs: &mut [&mut Sequence], vocab: usize, re
     let on_device = !crate::cpu::host_paths(logits.device());
     let needs: Vec<Result<Need>> = seqs.iter_mut().map(|s| need(s, vocab, on_device)).collect();
     let picks = match on_device {
-        true => pick_on_device(logits, &needs, vocab, reads).and_then(|p| draw_heads(logits, seqs, p, vocab, reads)),
+        true => pick_on_device(logits, &needs, vocab, reads).and_then(|p| fetch_late(logits, p, vocab, reads)),
         false => pick_on_host(logits, seqs, &needs, vocab, reads),
     };
     let picks = match picks {
@@ -79,7 +81,19 @@ fn need(s: &mut Sequence, vocab: usize, on_device: bool) -> Result<Need> {
         (true, false, Some(k)) if k > HEAD => Form::Whole,
         (true, false, _) => Form::Head,
     };
-    Ok(Need { mask, form, inv_t: s.sampler.inv_temperature() })
+    let walk = (form == Form::Head).then(|| walk_of(&mut s.sampler, vocab));
+    Ok(Need { mask, form, walk })
+}
+
+/// A sampler's walk over a `vocab`-token row, with the uniform of its next draw.
+fn walk_of(sampler: &mut crate::generate::Sampler, vocab: usize) -> Walk {
+    let p = sampler.params();
+    let limit = match p.top_k {
+        0 => vocab,
+        k => k.min(vocab),
+    };
+    let (inv_t, top_p) = (sampler.inv_temperature(), p.top_p);
+    Walk { inv_t, limit, top_p, u: sampler.draw_uniform() }
 }
 
 /// A row's outcome before the sampler sees it.
@@ -88,8 +102,9 @@ enum Pick {
     Chosen(u32, f32),
     /// The whole row, for the host sampler; with the uniform already drawn for it, if any.
     Row(Vec<f32>, Option<f64>),
-    /// The head of the row's order, and the row's log-sum-exp (temperature 1, unmasked).
-    Head(Head, f32),
+    /// Drawn on the device past the head of the order: the row must come back, for the host to
+    /// finish the walk with this uniform.
+    Late(f64),
     /// The row held a NaN or an infinity.
     NonFinite,
 }
@@ -142,10 +157,11 @@ fn pick_on_device(logits: &Tensor, needs: &[Result<Need>], vocab: usize, reads: 
     let m = HEAD.min(vocab);
     if !heads.is_empty() {
         let x = masked.index_select(&Tensor::new(heads.as_slice(), dev)?, 0)?;
-        let inv_t: Vec<f32> = heads.iter().map(|&i| needs[i as usize].as_ref().map_or(1.0, |n| n.inv_t)).collect();
+        let walks: Vec<Walk> = heads.iter().map(|&i| needs[i as usize].as_ref().ok().and_then(|n| n.walk).expect("a head row has its walk")).collect();
+        let inv_t = Tensor::from_vec(walks.iter().map(|w| w.inv_t).collect::<Vec<_>>(), (heads.len(), 1), dev)?;
         let (vals, top_ids) = top_m(&x, m)?;
-        let (hi, lo) = weight_totals(&x, &vals.narrow(1, 0, 1)?, &Tensor::from_vec(inv_t, (heads.len(), 1), dev)?)?;
-        parts.push(Tensor::cat(&[vals, top_ids.to_dtype(DType::F32)?, hi, lo], 1)?.flatten_all()?);
+        let totals = weight_totals(&x, &vals.narrow(1, 0, 1)?, &inv_t)?;
+        parts.push(draw(&vals, &top_ids, &totals, &walks, vocab)?.flatten_all()?);
     }
     let whole = rows_of(needs, Form::Whole);
     if !whole.is_empty() {
@@ -153,7 +169,7 @@ fn pick_on_device(logits: &Tensor, needs: &[Result<Need>], vocab: usize, reads: 
     }
     let host = read_back(&Tensor::cat(&parts, 0)?, reads)?;
     let (small, rest) = host.split_at(4 * r);
-    let (head_part, rows) = rest.split_at(heads.len() * (2 * m + 2));
+    let (head_part, rows) = rest.split_at(heads.len() * 3);
     let (mut next_head, mut next_row) = (0, 0);
     Ok((0..r)
         .map(|i| {
@@ -165,9 +181,13 @@ fn pick_on_device(logits: &Tensor, needs: &[Result<Need>], vocab: usize, reads: 
             Ok(match n.form {
                 Form::Settled => Pick::Chosen(id as u32, chosen - lse),
                 Form::Head => {
-                    let h = &head_part[next_head * (2 * m + 2)..(next_head + 1) * (2 * m + 2)];
+                    let [tok, logit, past] = [0, 1, 2].map(|k| head_part[3 * next_head + k]);
                     next_head += 1;
-                    Pick::Head(head_of(h, m, vocab), lse)
+                    // The masked logit of an allowed token is the model's own.
+                    match past > 0.0 {
+                        false => Pick::Chosen(tok as u32, logit - lse),
+                        true => Pick::Late(n.walk.map_or(0.0, |w| w.u)),
+                    }
                 }
                 Form::Whole => {
                     next_row += 1;
@@ -178,42 +198,25 @@ fn pick_on_device(logits: &Tensor, needs: &[Result<Need>], vocab: usize, reads: 
         .collect())
 }
 
-/// One row's head as it came back (values, ids, total hi, total lo), in the host's order:
-/// value descending, then id ascending (a device sort may break ties either way).
-fn head_of(h: &[f32], m: usize, vocab: usize) -> Head {
-    let mut pairs: Vec<(u32, f32)> = h[m..2 * m].iter().zip(&h[..m]).map(|(&id, &v)| (id as u32, v)).collect();
-    pairs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    Head { ids: pairs.iter().map(|p| p.0).collect(), logits: pairs.iter().map(|p| p.1).collect(), total: h[2 * m] as f64 + h[2 * m + 1] as f64, vocab }
-}
-
-/// Draws every head; the rows whose walk went past their head come back whole, together, in
-/// one more transfer (rare: a nucleus wider than `HEAD` tokens).
-fn draw_heads(logits: &Tensor, seqs: &mut [&mut Sequence], picks: Vec<Result<Pick>>, vocab: usize, reads: &mut u64) -> Result<Vec<Result<Pick>>> {
-    // (row, uniform) of each walk that went past its head.
-    let mut late = vec![];
-    let mut picks: Vec<Option<Result<Pick>>> = picks
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| match p {
-            Ok(Pick::Head(head, lse)) => match seqs[i].sampler.sample_head(&head) {
-                // The masked logit of an allowed token is the model's own.
-                HeadDraw::Token(t, logit) => Some(Ok(Pick::Chosen(t, logit - lse))),
-                HeadDraw::NeedsRow(u) => {
-                    late.push((i as u32, u));
-                    None
-                }
-            },
-            other => Some(other),
-        })
-        .collect();
-    if !late.is_empty() {
-        let ids: Vec<u32> = late.iter().map(|l| l.0).collect();
-        let rows = read_back(&logits.index_select(&Tensor::new(ids.as_slice(), logits.device())?, 0)?, reads)?;
-        for (k, (i, u)) in late.into_iter().enumerate() {
-            picks[i as usize] = Some(Ok(Pick::Row(rows[k * vocab..(k + 1) * vocab].to_vec(), Some(u))));
-        }
+/// The rows whose walk went past their head come back whole, together, in one more
+/// transfer (rare: a nucleus wider than `HEAD` tokens), each with the uniform of its draw.
+fn fetch_late(logits: &Tensor, picks: Vec<Result<Pick>>, vocab: usize, reads: &mut u64) -> Result<Vec<Result<Pick>>> {
+    let late: Vec<u32> = (0..picks.len() as u32).filter(|&i| matches!(picks[i as usize], Ok(Pick::Late(_)))).collect();
+    if late.is_empty() {
+        return Ok(picks);
     }
-    Ok(picks.into_iter().map(|p| p.unwrap_or_else(|| Err(anyhow::anyhow!("a sampled row was neither drawn nor fetched")))).collect())
+    let rows = read_back(&logits.index_select(&Tensor::new(late.as_slice(), logits.device())?, 0)?, reads)?;
+    let mut next = 0;
+    Ok(picks
+        .into_iter()
+        .map(|p| match p {
+            Ok(Pick::Late(u)) => {
+                next += 1;
+                Ok(Pick::Row(rows[(next - 1) * vocab..next * vocab].to_vec(), Some(u)))
+            }
+            other => other,
+        })
+        .collect())
 }
 
 fn settle(s: &mut Sequence, need: Need, pick: Result<Pick>) -> Result<(u32, f32, bool)> {
@@ -221,7 +224,7 @@ fn settle(s: &mut Sequence, need: Need, pick: Result<Pick>) -> Result<(u32, f32,
         Pick::Chosen(tok, lp) => (tok, lp),
         Pick::Row(row, None) => s.sampler.sample_row(&row, need.mask.as_deref())?,
         Pick::Row(row, Some(u)) => s.sampler.sample_row_drawn(&row, need.mask.as_deref(), Some(u))?,
-        Pick::Head(..) => anyhow::bail!("a sampled row's head was not drawn"),
+        Pick::Late(_) => anyhow::bail!("a sampled row's walk went past its head and the row was not fetched"),
         Pick::NonFinite => return Err(NonFiniteLogits(f32::NAN).into()),
     };
     let (generated, total) = (s.generated().len() + 1, s.tokens.len() + 1);
@@ -239,8 +242,8 @@ mod tests {
     use candle_core::Device;
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
-    fn need(mask: Option<Vec<bool>>, form: Form, inv_t: f32) -> Result<Need> {
-        Ok(Need { mask, form, inv_t })
+    fn need(mask: Option<Vec<bool>>, form: Form, walk: Option<Walk>) -> Result<Need> {
+        Ok(Need { mask, form, walk })
     }
 
     /// The device form, run on the CPU: a masked greedy row picks the best allowed token with
@@ -250,7 +253,7 @@ mod tests {
     fn device_picks_equal_the_host_sampler() -> Result<()> {
         let rows = vec![vec![0.5f32, 3.0, 1.0, -2.0], vec![0.1, 0.2, 0.3, 0.4], vec![1.0, f32::NAN, 0.0, 0.0]];
         let logits = Tensor::new(rows.clone(), &Device::Cpu)?;
-        let needs = vec![need(Some(vec![true, false, true, true]), Form::Settled, 1.0), need(None, Form::Whole, 1.0), need(None, Form::Settled, 1.0)];
+        let needs = vec![need(Some(vec![true, false, true, true]), Form::Settled, None), need(None, Form::Whole, None), need(None, Form::Settled, None)];
         let mut reads = 0;
         let picks = pick_on_device(&logits, &needs, 4, &mut reads)?;
         assert_eq!(reads, 1);
@@ -265,9 +268,9 @@ mod tests {
         Ok(())
     }
 
-    /// A sampled row ranked on the device (its head and normaliser, one read-back) draws the
-    /// token and log-prob the host sampler draws from the whole row with the same seed; a
-    /// walk past the head finishes on the row with the same uniform.
+    /// A sampled row ranked and drawn on the device (one read-back: the token, its logit, a
+    /// flag) gives the token and log-prob the host sampler draws from the whole row with the
+    /// same seed; a walk past the head finishes on the row with the same uniform.
     #[test]
     fn device_heads_draw_what_the_host_draws() -> Result<()> {
         let mut gen = StdRng::seed_from_u64(11);
@@ -281,26 +284,30 @@ mod tests {
                 seed: case,
                 ..Default::default()
             };
-            let row: Vec<f32> = (0..vocab).map(|_| gen.random::<f32>() * 8.0 - 4.0 + if gen.random::<f32>() < 0.002 { 8.0 } else { 0.0 }).collect();
+            let mut row: Vec<f32> = (0..vocab).map(|_| gen.random::<f32>() * 8.0 - 4.0 + if gen.random::<f32>() < 0.002 { 8.0 } else { 0.0 }).collect();
+            // Every fourth row in steps of 1/8, as bf16 logits tie: the order among ties is by id.
+            if case % 4 == 3 {
+                row.iter_mut().for_each(|x| *x = (*x * 8.0).round() / 8.0);
+            }
             let mask: Option<Vec<bool>> = (case % 5 == 0).then(|| (0..vocab).map(|i| i % 3 != 0).collect());
             let logits = Tensor::new(vec![row.clone()], &Device::Cpu)?;
             let (mut host, mut dev) = (Sampler::new(p.clone()), Sampler::new(p.clone()));
             for _ in 0..2 {
                 let want = host.sample_row(&row, mask.as_deref())?;
                 let mut reads = 0;
-                let picks = pick_on_device(&logits, &[need(mask.clone(), Form::Head, dev.inv_temperature())], vocab, &mut reads)?;
+                let walk = walk_of(&mut dev, vocab);
+                let picks = pick_on_device(&logits, &[need(mask.clone(), Form::Head, Some(walk))], vocab, &mut reads)?;
                 assert_eq!(reads, 1);
-                let Ok(Pick::Head(head, lse)) = &picks[0] else { panic!("no head") };
-                assert_eq!(head.ids.len(), HEAD);
-                let got = match dev.sample_head(head) {
-                    HeadDraw::Token(t, logit) => {
+                let got = match &picks[0] {
+                    Ok(Pick::Chosen(t, lp)) => {
                         drawn += 1;
-                        (t, logit - lse)
+                        (*t, *lp)
                     }
-                    HeadDraw::NeedsRow(u) => {
+                    Ok(Pick::Late(u)) => {
                         past_head += 1;
-                        dev.sample_row_drawn(&row, mask.as_deref(), Some(u))?
+                        dev.sample_row_drawn(&row, mask.as_deref(), Some(*u))?
                     }
+                    _ => panic!("case {case}: neither drawn nor past the head"),
                 };
                 assert_eq!(got.0, want.0, "case {case}: {p:?}");
                 assert!((got.1 - want.1).abs() < 1e-4, "case {case}: log-prob {} vs {}", got.1, want.1);

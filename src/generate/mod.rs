@@ -14,7 +14,7 @@ use crate::processor::{check_placeholders, Processor};
 use crate::vision::Media;
 
 mod sampler;
-pub use sampler::{check_mask, Head, HeadDraw, Sampler};
+pub use sampler::{check_mask, Sampler};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SamplingParams {

@@ -1,8 +1,9 @@
 //! The seeded sampler: greedy, or temperature, top-k and top-p and one draw walking the
 //! candidates in order (logit descending, then id ascending, so a seed picks the same token on
-//! every platform). The walk reads only the head of that order it needs: from a whole row on
-//! the host (`Ranked` builds the head lazily, never sorting a 150k vocabulary), or from a head
-//! a device ranked and sent back alone (`Head`), which is enough unless the walk goes past it.
+//! every platform). The walk reads only the head of that order it needs (`Ranked` builds the
+//! head lazily, never sorting a 150k vocabulary). A device runs the same walk over the head
+//! it ranked (`engine::draw`) with a uniform drawn here (`draw_uniform`), and finishes here on
+//! the whole row, with that uniform, when the walk goes past the head.
 
 use anyhow::{bail, Result};
 use candle_core::Tensor;
@@ -13,31 +14,6 @@ use super::{NonFiniteLogits, SamplingParams};
 pub struct Sampler {
     pub(super) params: SamplingParams,
     rng: StdRng,
-}
-
-/// The first tokens of a row in sampling order, with their (masked) logits, and what the
-/// whole row sums to: what a device sends back instead of the row.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Head {
-    pub ids: Vec<u32>,
-    pub logits: Vec<f32>,
-    /// Σ over the whole masked row of exp(logit / T − max / T), in f64.
-    pub total: f64,
-    /// Tokens in the row.
-    pub vocab: usize,
-}
-
-/// A draw over a `Head`: the token and its (masked) logit, or the uniform drawn when the walk
-/// needs the whole row (the row's draw must reuse it, so the seed's stream stays in step).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum HeadDraw {
-    Token(u32, f32),
-    NeedsRow(f64),
-}
-
-/// Logits in sampling order; `logit(n)` is None past what is known.
-trait Order {
-    fn logit(&mut self, n: usize) -> Option<f32>;
 }
 
 impl Sampler {
@@ -65,6 +41,17 @@ impl Sampler {
     /// 1 / temperature (infinite for greedy, which never uses it).
     pub fn inv_temperature(&self) -> f32 {
         1.0 / self.params.temperature as f32
+    }
+
+    /// The settings it samples with.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The uniform of the next draw, from the seeded stream: what `sample_row` draws first, for
+    /// a draw made elsewhere (a device's) and finished, if need be, by `sample_row_drawn`.
+    pub fn draw_uniform(&mut self) -> f64 {
+        self.rng.random::<f64>()
     }
 
     /// Tokens a walk may need, when a head of that many is surely enough (top-k within it);
@@ -116,21 +103,9 @@ impl Sampler {
         Ok((tok, raw[tok as usize] - lse))
     }
 
-    /// A draw from a device's `Head` of the masked row: the token, or `NeedsRow` when the walk
-    /// went past the head (then `sample_row_drawn` with the same uniform finishes it).
-    pub fn sample_head(&mut self, head: &Head) -> HeadDraw {
-        let u = self.rng.random::<f64>();
-        let mut order = HeadOrder(head);
-        match self.walk(&mut order, head.vocab, head.total, u) {
-            Some(n) => HeadDraw::Token(head.ids[n], head.logits[n]),
-            None => HeadDraw::NeedsRow(u),
-        }
-    }
-
     /// Top-k, top-p and the draw `u` over `order` of a `vocab`-token row whose weights sum to
-    /// `total_all`: the chosen token's place in the order, or None when `order` ends before
-    /// the walk does.
-    fn walk(&self, order: &mut dyn Order, vocab: usize, total_all: f64, u: f64) -> Option<usize> {
+    /// `total_all`: the chosen token's place in the order.
+    fn walk(&self, order: &mut Ranked, vocab: usize, total_all: f64, u: f64) -> Option<usize> {
         let inv_t = 1.0 / self.params.temperature as f32;
         let limit = match self.params.top_k {
             0 => vocab,
@@ -178,14 +153,6 @@ impl Sampler {
     }
 }
 
-struct HeadOrder<'a>(&'a Head);
-
-impl Order for HeadOrder<'_> {
-    fn logit(&mut self, n: usize) -> Option<f32> {
-        self.0.logits.get(n).copied()
-    }
-}
-
 /// Token ids in sampling order, ranked lazily: `at_full(n)` selects and sorts only the head up to
 /// `n` (each time at least four times the head before), so a walk that stops early costs one
 /// selection pass, not a sort of the vocabulary.
@@ -217,7 +184,8 @@ impl<'a> Ranked<'a> {
     }
 }
 
-impl Order for Ranked<'_> {
+impl Ranked<'_> {
+    /// The logit at place `n` of the order (None past the row).
     fn logit(&mut self, n: usize) -> Option<f32> {
         (n < self.idx.len()).then(|| self.logits[self.at_full(n) as usize])
     }
