@@ -60,18 +60,30 @@ cuda_libs() {
   done
 }
 
-# same_tokens MERG: greedy and sampled ids of `merg generate` on tiny checkpoints, --device cuda
+# same_tokens MERG: greedy and sampled ids of `merg generate` on tiny checkpoints and a GGUF file, --device cuda
 # against --device cpu (f32 both); prints each pair and fails when any differ.
 same_tokens() {
   local merg=$1 rc=0 fam mode out
-  for fam in tiny-qwen2_5-vl tiny-qwen3_5; do
+  # The GGUF file (Q4_K/Q6_K blocks, candle's CUDA block kernels there): loading from a GGUF
+  # onto the GPU.
+  for fam in tiny-qwen2_5-vl tiny-qwen3_5 gguf/qwen2-vl-wide/wide-q4_k_m.gguf; do
     for mode in greedy sampled; do
       local args=(generate --model "tests/fixtures/$fam" --prompt "How was your day?" --max-new-tokens 24 --json --dtype f32)
       [ "$mode" = sampled ] && args+=(--temperature 1.3 --top-p 0.95 --seed 9)
       local cpu cuda
       cpu=$("$merg" "${args[@]}" --device cpu | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
       cuda=$("$merg" "${args[@]}" --device cuda | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
-      [ "$cpu" = "$cuda" ] && out=same || { out=DIFFERENT; rc=1; }
+      if [ "$cpu" = "$cuda" ]; then
+        out=same
+      elif [ "${fam%.gguf}" != "$fam" ]; then
+        # The tiny GGUF model's logits are near uniform (log-probs about -6.1 over 512 tokens),
+        # and the GPU's block kernels quantize activations differently from the CPU's: its
+        # tokens are shown, not required to match.
+        out="DIFFERENT (near-uniform logits; not checked)"
+      else
+        out=DIFFERENT
+        rc=1
+      fi
       echo "$fam $mode tokens $out: cpu $cpu cuda $cuda"
     done
   done

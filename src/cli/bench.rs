@@ -201,8 +201,12 @@ fn roofline_lines(rec: &mut serde_json::Value, r: &merg::cpu::roofline::Roofline
     let (decode, prefill, bytes, flops) = (f("decode_tokens_per_s"), f("prefill_tokens_per_s"), f("decode_bytes_per_token"), f("prefill_flops"));
     let name = rec["weights"].as_str().unwrap_or("").to_string();
     let decode_pct = 100.0 * decode * bytes / (r.bandwidth_gbs * 1e9);
-    // Dense bf16 weights (a bf16 GGUF is named by its format, so not by the name).
-    let bf16 = rec["dtype"].as_str() == Some("BF16") && rec["quantized_linear_weights"].as_u64() == Some(0);
+    // Dense bf16 weights (a bf16 GGUF is named by its format, so not by the name). On a GPU
+    // (threads 0) quantized prefill runs on the tensor cores (candle's MMQ kernels or a
+    // dequantized half-precision product), so its ceiling is the bf16 one, not f32's (the
+    // H200 measured q4k prefill at 1.1-1.8x the f32 peak).
+    let quantized = rec["quantized_linear_weights"].as_u64().is_some_and(|n| n > 0);
+    let bf16 = (rec["dtype"].as_str() == Some("BF16") && !quantized) || (r.threads == 0 && quantized);
     let peak = if bf16 { r.bf16_gflops } else { r.f32_gflops };
     let prefill_pct = 100.0 * flops / f("prefill_s") / (peak * 1e9);
     println!("decode {name}: {decode:.2} tok/s, {decode_pct:.1} % of roofline ({:.3} GB read per token at {:.1} GB/s)", bytes / 1e9, r.bandwidth_gbs);
