@@ -148,6 +148,13 @@ fn bench_runs_on_dummy_weights_of_a_config() {
     assert!(img.width() > 600 && img.height() > 300 && colours.len() > 8, "{}x{}, {} colours", img.width(), img.height(), colours.len());
     // A name that is neither fails before anything is measured.
     fails_with(&merg(&["bench", "--config", cfg.to_str().unwrap(), "--plot", "bench.jpg"]), &["bench.jpg", ".svg or .png"]);
+    // So does a --batch tokenizer from another checkpoint (image token 460, the config's
+    // 248056): before the weights load, which prints their line.
+    let qwen35 = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/qwen3.5-0.8b.json");
+    let tok = tiny_dir("qwen2_5_vl").join("tokenizer.json");
+    let o = merg(&["bench", "--config", qwen35.to_str().unwrap(), "--batch", "2", "--tokenizer", tok.to_str().unwrap(), "--no-roofline"]);
+    fails_with(&o, &["--tokenizer", "different checkpoints"]);
+    assert!(!stderr(&o).contains("weights:"), "{}", stderr(&o));
 }
 
 /// `merg plot serve-load` draws scripts/bench_serve.py's rows (what bench-serve.sh saves).

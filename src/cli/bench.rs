@@ -114,7 +114,10 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         false => a.model.quant.iter().map(|f| format_of(f)).collect::<Result<Vec<_>>>().context("--quant")?,
     };
     if !a.batch.is_empty() {
-        batch_tokenizer(&a)?;
+        let tok = batch_tokenizer(&a)?;
+        if let Some(c) = &a.config {
+            tokenizer_fits(c, &tok).with_context(|| format!("--batch with --tokenizer {}", tok.display()))?;
+        }
     }
     // The machine's limits, on the same threads, before any model is loaded.
     let roof = match (a.no_roofline, a.model.device.as_str()) {
@@ -422,6 +425,16 @@ fn batch_tokenizer(a: &BenchArgs) -> Result<PathBuf> {
     a.tokenizer.clone().or(own).or_else(default_tokenizer).context(
         "--batch runs the engine, which needs a tokenizer: pass --tokenizer, set MERG_DATA_DIR, or use a checkpoint that has one",
     )
+}
+
+/// A tokenizer from another checkpoint than `config`'s fails before the weights load (a 9B
+/// took 21 s on a GPU to reach the same error through the loaded model).
+fn tokenizer_fits(config: &std::path::Path, tok: &std::path::Path) -> Result<()> {
+    let config = registry::read_config(config)?;
+    let spec = registry::spec(&config)?;
+    let template = merg::chat::default_chat_template(registry::model_type(&config)?);
+    let tokenizer = std::sync::Arc::new(merg::tokenizer::ChatTokenizer::from_files(tok, Some(template.to_string()))?);
+    merg::processor::Processor::new(tokenizer, Default::default(), &spec).check_ids(&spec)
 }
 
 fn batched_runs(a: &BenchArgs, model: std::sync::Arc<dyn merg::models::Model>, config: &serde_json::Value, name: &str) -> Result<Vec<merg::bench::BatchedDecode>> {
