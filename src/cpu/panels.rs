@@ -7,8 +7,6 @@
 //! re-read from the core's cache for the other rows: the same code is decode (m = 1),
 //! batched decode and prefill.
 
-use rayon::prelude::*;
-
 /// Weight rows per panel (the 32-bit lanes of a 512-bit register).
 pub const PANEL: usize = 16;
 /// Activation rows one pass over a panel handles.
@@ -84,16 +82,25 @@ pub struct Panels {
 }
 
 impl Panels {
-    /// `pack(p, lines)` fills panel `p`'s lines (pre-filled with `fill`), panels in parallel.
+    /// `pack(p, lines)` fills panel `p`'s lines (pre-filled with `fill`), panels in parallel:
+    /// each worker fills and packs its panels, so the fresh pages are first touched there too.
     pub fn new(n: usize, k: usize, per_panel: usize, fill: Line, pack: impl Fn(usize, &mut [Line]) + Sync) -> Panels {
-        let mut lines = super::pages::huge_vec(n.div_ceil(PANEL) * per_panel, fill);
         // In bands, so a mapped source can be released behind the copy (`pages::releasing`).
         let pp = per_panel.max(1);
         let band = (super::pages::BAND_BYTES / (pp * 64)).max(1);
-        for (b, chunk) in lines.chunks_mut(band * pp).enumerate() {
-            chunk.par_chunks_mut(pp).enumerate().for_each(|(p, l)| pack(b * band + p, l));
-            super::pages::copied(((b + 1) * band * PANEL).min(n), n);
-        }
+        let lines = super::pages::huge_parts(
+            n.div_ceil(PANEL) * per_panel,
+            pp,
+            band,
+            |p, l| {
+                l.iter_mut().for_each(|x| {
+                    x.write(fill);
+                });
+                // SAFETY: every line of the panel was just written.
+                pack(p, unsafe { &mut *(l as *mut [std::mem::MaybeUninit<Line>] as *mut [Line]) });
+            },
+            |done| super::pages::copied((done * PANEL).min(n), n),
+        );
         Panels { n, k, per_panel, lines }
     }
 
