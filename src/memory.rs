@@ -73,6 +73,17 @@ pub fn keep_freed_memory(device: &candle_core::Device) {
     let _ = device;
 }
 
+/// On a GPU, hands the pool's unused memory back to the driver (nothing on the CPU). Called
+/// before the one large allocation, the KV pool: the pooled slack counts as free
+/// (`available_memory`), but it lies in the pieces earlier tensors freed (dummy weights pass
+/// through f32 on the device), which blocks of another size may not fit. On the H200 the
+/// automatic KV pool of Qwen3-VL 32B failed to allocate with about 29 GiB of the card unused.
+pub fn release_pooled(device: &candle_core::Device) {
+    #[cfg(feature = "cuda")]
+    gpu_pool::trim(device);
+    let _ = device;
+}
+
 /// Bytes in use on a GPU (total less free, every process's), for reports; None on the CPU.
 pub fn device_used(device: &candle_core::Device) -> Option<u64> {
     #[cfg(feature = "cuda")]
@@ -108,6 +119,14 @@ mod gpu_pool {
         if let Some(p) = pool(device) {
             let mut keep = u64::MAX;
             unsafe { sys::cuMemPoolSetAttribute(p, Attr::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut keep as *mut u64 as *mut std::ffi::c_void) };
+        }
+    }
+
+    /// Releases every pooled byte no tensor holds.
+    pub fn trim(device: &candle_core::Device) {
+        if let Some(p) = pool(device) {
+            let _ = device.synchronize();
+            unsafe { sys::cuMemPoolTrimTo(p, 0) };
         }
     }
 

@@ -185,6 +185,8 @@ pub fn split(bytes: u64, mem: &KvMemory, spec: &ModelSpec, block_size: usize, st
 pub fn num_blocks_for(mem: &KvMemory, spec: &ModelSpec, block_size: usize, store: KvStore, device: &Device, max_tokens: u64) -> Result<usize> {
     // A model without attention layers needs no pool; one block keeps the bookkeeping uniform.
     let per = bytes_per_block(spec, block_size, store).max(1);
+    // What the load freed goes back to the device first, so the pool is sized on memory it can get.
+    crate::memory::release_pooled(device);
     let n = match mem {
         KvMemory::Auto => {
             let avail = crate::memory::available_memory(device)?;
