@@ -14,6 +14,8 @@
 
 use candle_core::{DType, Tensor, D};
 
+use super::ranking::weight_totals;
+
 /// A row's walk settings, as the host sampler holds them.
 #[derive(Clone, Copy, Debug)]
 pub struct Walk {
@@ -26,12 +28,11 @@ pub struct Walk {
     pub u: f64,
 }
 
-/// The draw of each head row: `[h, 3]` f32 (token id, its logit, 1 when the walk went past
-/// the head). `vals` `[h, m]` f32 and `ids` `[h, m]` u32 are the head, best first (ties in any
-/// order); `totals` `[h, 1]` f64 each whole row's Σ exp(x·inv_t − top·inv_t) (`weight_totals`);
-/// `vocab` the row's length.
-pub fn draw(vals: &Tensor, ids: &Tensor, totals: &Tensor, walks: &[Walk], vocab: usize) -> candle_core::Result<Tensor> {
-    let (h, m) = vals.dims2()?;
+/// The draw of each row of `x` `[h, vocab]` (f32, masked entries −∞): `[h, 3]` f32 (token id,
+/// its logit, 1 when the walk went past the head). `vals` `[h, m]` f32 and `ids` `[h, m]` u32
+/// are the rows' heads (`ranking::top_m`), best first (ties in any order).
+pub fn draw(x: &Tensor, vals: &Tensor, ids: &Tensor, walks: &[Walk]) -> candle_core::Result<Tensor> {
+    let ((h, m), vocab) = (vals.dims2()?, x.dim(1)?);
     let dev = vals.device();
     // One upload of every row's settings: inv_t, limit, limit == vocab, top_p, top_p < 1, u.
     let cols: Vec<f64> = walks
@@ -53,10 +54,12 @@ pub fn draw(vals: &Tensor, ids: &Tensor, totals: &Tensor, walks: &[Walk], vocab:
     // Weights as the host computes them: the shift in f32, the exponential in f64.
     let top = vals.max_keepdim(1)?;
     let w = vals.broadcast_mul(&inv_t)?.broadcast_sub(&top.mul(&inv_t)?)?.to_dtype(DType::F64)?.exp()?;
+    // The whole row's normaliser, for a walk without top-k.
+    let totals = weight_totals(x, &top, &inv_t)?;
     let zeros = w.zeros_like()?;
     let in_k = rank.broadcast_lt(&limit)?;
     let total_k = in_k.where_cond(&w, &zeros)?.sum_keepdim(1)?;
-    let total = whole_k.where_cond(totals, &total_k)?;
+    let total = whole_k.where_cond(&totals, &total_k)?;
     let q = w.broadcast_div(&total)?;
     // Mass up to and including each candidate.
     let cum = (before.broadcast_mul(&q.unsqueeze(1)?)?.sum(D::Minus1)? + &q)?;

@@ -18,7 +18,7 @@ use candle_core::{DType, Tensor, D};
 use crate::generate::{check_mask, settle_step, FinishReason, NonFiniteLogits};
 
 use super::draw::{draw, Walk};
-use super::ranking::{top_m, weight_totals};
+use super::ranking::top_m;
 use super::sequence::Sequence;
 
 /// Tokens of a sampled row's order a device ranks and sends back: a top-p nucleus or a
@@ -87,12 +87,7 @@ fn need(s: &mut Sequence, vocab: usize, on_device: bool) -> Result<Need> {
 
 /// A sampler's walk over a `vocab`-token row, with the uniform of its next draw.
 fn walk_of(sampler: &mut crate::generate::Sampler, vocab: usize) -> Walk {
-    let p = sampler.params();
-    let limit = match p.top_k {
-        0 => vocab,
-        k => k.min(vocab),
-    };
-    let (inv_t, top_p) = (sampler.inv_temperature(), p.top_p);
+    let (inv_t, limit, top_p) = (sampler.inv_temperature(), sampler.candidates(vocab), sampler.params().top_p);
     Walk { inv_t, limit, top_p, u: sampler.draw_uniform() }
 }
 
@@ -158,10 +153,8 @@ fn pick_on_device(logits: &Tensor, needs: &[Result<Need>], vocab: usize, reads: 
     if !heads.is_empty() {
         let x = masked.index_select(&Tensor::new(heads.as_slice(), dev)?, 0)?;
         let walks: Vec<Walk> = heads.iter().map(|&i| needs[i as usize].as_ref().ok().and_then(|n| n.walk).expect("a head row has its walk")).collect();
-        let inv_t = Tensor::from_vec(walks.iter().map(|w| w.inv_t).collect::<Vec<_>>(), (heads.len(), 1), dev)?;
         let (vals, top_ids) = top_m(&x, m)?;
-        let totals = weight_totals(&x, &vals.narrow(1, 0, 1)?, &inv_t)?;
-        parts.push(draw(&vals, &top_ids, &totals, &walks, vocab)?.flatten_all()?);
+        parts.push(draw(&x, &vals, &top_ids, &walks)?.flatten_all()?);
     }
     let whole = rows_of(needs, Form::Whole);
     if !whole.is_empty() {

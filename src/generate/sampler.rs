@@ -54,6 +54,14 @@ impl Sampler {
         self.rng.random::<f64>()
     }
 
+    /// Tokens top-k leaves of a `vocab`-token row (all of them without top-k).
+    pub fn candidates(&self, vocab: usize) -> usize {
+        match self.params.top_k {
+            0 => vocab,
+            k => k.min(vocab),
+        }
+    }
+
     /// Tokens a walk may need, when a head of that many is surely enough (top-k within it);
     /// None when the walk can go anywhere (no top-k: the nucleus has no fixed size).
     pub fn head_needed(&self) -> Option<usize> {
@@ -93,31 +101,25 @@ impl Sampler {
             None => argmax(pick_from),
             Some(u) => {
                 let mut ranked = Ranked::new(pick_from);
-                let inv_t = 1.0 / self.params.temperature as f32;
-                let max = pick_from[ranked.at_full(0) as usize] * inv_t;
-                let total = pick_from.iter().map(|&x| ((x * inv_t - max) as f64).exp()).sum();
-                let n = self.walk(&mut ranked, pick_from.len(), total, u).expect("a whole row always completes the walk");
+                let n = self.walk(&mut ranked, u);
                 ranked.at_full(n)
             }
         };
         Ok((tok, raw[tok as usize] - lse))
     }
 
-    /// Top-k, top-p and the draw `u` over `order` of a `vocab`-token row whose weights sum to
-    /// `total_all`: the chosen token's place in the order.
-    fn walk(&self, order: &mut Ranked, vocab: usize, total_all: f64, u: f64) -> Option<usize> {
-        let inv_t = 1.0 / self.params.temperature as f32;
-        let limit = match self.params.top_k {
-            0 => vocab,
-            k => k.min(vocab),
-        };
-        let max = order.logit(0)? * inv_t;
-        let mut weight = |n: usize| order.logit(n).map(|x| ((x * inv_t - max) as f64).exp());
+    /// Top-k, top-p and the draw `u` over a row in sampling order: the chosen token's place.
+    fn walk(&self, order: &mut Ranked, u: f64) -> usize {
+        let (inv_t, vocab) = (self.inv_temperature(), order.logits.len());
+        let limit = self.candidates(vocab);
+        let max = order.logit(0) * inv_t;
+        let w = |x: f32| ((x * inv_t - max) as f64).exp();
         // The normaliser over what top-k leaves (every token without top-k).
-        let total = match limit == vocab {
-            true => total_all,
-            false => (0..limit).map(&mut weight).sum::<Option<f64>>()?,
+        let total: f64 = match limit == vocab {
+            true => order.logits.iter().map(|&x| w(x)).sum(),
+            false => (0..limit).map(|n| w(order.logit(n))).sum(),
         };
+        let mut weight = |n: usize| w(order.logit(n));
         // Top-p keeps the shortest head whose mass reaches top_p; `mass` is that head's (1 when
         // nothing is cut: the candidates' sum is the normaliser itself).
         let (keep, mass) = match self.params.top_p < 1.0 {
@@ -125,7 +127,7 @@ impl Sampler {
                 let mut cum = 0.0;
                 let mut keep = limit;
                 for n in 0..limit {
-                    cum += weight(n)? / total;
+                    cum += weight(n) / total;
                     if cum >= self.params.top_p {
                         keep = n + 1;
                         break;
@@ -139,17 +141,17 @@ impl Sampler {
         // The last candidate that can be drawn at all (a masked token weighs nothing).
         let mut last = 0;
         for n in 0..keep {
-            let w = weight(n)?;
+            let w = weight(n);
             if w > 0.0 {
                 last = n;
             }
             r -= w / total;
             if r <= 0.0 {
-                return Some(n);
+                return n;
             }
         }
         // Rounding left a sliver: the last candidate kept, as a full walk would end.
-        Some(last)
+        last
     }
 }
 
@@ -182,12 +184,10 @@ impl<'a> Ranked<'a> {
         }
         self.idx[n]
     }
-}
 
-impl Ranked<'_> {
-    /// The logit at place `n` of the order (None past the row).
-    fn logit(&mut self, n: usize) -> Option<f32> {
-        (n < self.idx.len()).then(|| self.logits[self.at_full(n) as usize])
+    /// The logit at place `n` of the order.
+    fn logit(&mut self, n: usize) -> f32 {
+        self.logits[self.at_full(n) as usize]
     }
 }
 
