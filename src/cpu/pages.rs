@@ -168,9 +168,21 @@ pub fn release(bytes: &[u8]) {
     let _ = bytes;
 }
 
+/// As `huge_parts`, each part filled with `fill` by its worker before `init` sees it.
+pub fn huge_filled<T: Copy + Send + Sync>(len: usize, part: usize, band: usize, fill: T, init: impl Fn(usize, &mut [T]) + Sync, band_done: impl FnMut(usize)) -> Vec<T> {
+    let filled = |i: usize, p: &mut [MaybeUninit<T>]| {
+        p.iter_mut().for_each(|x| {
+            x.write(fill);
+        });
+        // SAFETY: every element of the part was just written.
+        init(i, unsafe { &mut *(p as *mut [MaybeUninit<T>] as *mut [T]) });
+    };
+    huge_parts(len, part, band, filled, band_done)
+}
+
 /// `len` copies of `fill`, on huge pages.
 pub fn huge_vec<T: Copy + Send + Sync>(len: usize, fill: T) -> Vec<T> {
-    huge_parts(len, PART, usize::MAX, |_, p| p.iter_mut().for_each(|x| { x.write(fill); }), |_| {})
+    huge_filled(len, PART, usize::MAX, fill, |_, _| {}, |_| {})
 }
 
 /// A large contiguous CPU tensor moved onto huge pages (a copy; the original is dropped by the

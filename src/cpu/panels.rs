@@ -88,19 +88,7 @@ impl Panels {
         // In bands, so a mapped source can be released behind the copy (`pages::releasing`).
         let pp = per_panel.max(1);
         let band = (super::pages::BAND_BYTES / (pp * 64)).max(1);
-        let lines = super::pages::huge_parts(
-            n.div_ceil(PANEL) * per_panel,
-            pp,
-            band,
-            |p, l| {
-                l.iter_mut().for_each(|x| {
-                    x.write(fill);
-                });
-                // SAFETY: every line of the panel was just written.
-                pack(p, unsafe { &mut *(l as *mut [std::mem::MaybeUninit<Line>] as *mut [Line]) });
-            },
-            |done| super::pages::copied((done * PANEL).min(n), n),
-        );
+        let lines = super::pages::huge_filled(n.div_ceil(PANEL) * per_panel, pp, band, fill, pack, |done| super::pages::copied((done * PANEL).min(n), n));
         Panels { n, k, per_panel, lines }
     }
 
