@@ -1,7 +1,10 @@
 //! The dense panel kernels (`merg::cpu::bf16`, `merg::cpu::fp32`) on a 3B model's MLP width
 //! ([11008, 2048]) at decode (1 row) and prefill sizes (64, 256, 512 rows): GFLOP/s, best of
 //! several runs, and the share of the machine's own bf16 / f32 peak (`cpu::roofline`), in one
-//! run. A kernel only its level runs is skipped, with a line saying so.
+//! run. A kernel only its level runs is skipped, with a line saying so. Beside them, what runs
+//! without the panels: the unpacked bf16 decode (`matvec_bf16`) and candle's f32 GEMM (a
+//! prefill with f32 weights below AVX-512, and with bf16 ones widened to f32 before the AVX2
+//! bf16 panels existed).
 
 use std::time::Instant;
 
@@ -51,5 +54,14 @@ fn main() {
             }
             false => println!("f32 panels: not at this level"),
         }
+        let g = if m == 1 {
+            best_gflops(m, reps, || merg::cpu::matvec::matvec_bf16(&xb[..K], 1, K, &wb, N, &mut out, merg::cpu::level()))
+        } else {
+            let x = candle_core::Tensor::from_slice(&xs[..m * K], (m, K), &candle_core::Device::Cpu).expect("x");
+            let wt = candle_core::Tensor::from_slice(&w, (N, K), &candle_core::Device::Cpu).expect("w");
+            best_gflops(m, reps, || drop(x.matmul(&wt.t().expect("t")).expect("matmul")))
+        };
+        let (what, peak) = if m == 1 { ("bf16 matvec", roof.bf16_gflops) } else { ("candle f32 ", roof.f32_gflops) };
+        println!("{what} m={m:>3}: {g:7.1} GFLOP/s, {:5.1} % of the peak", 100.0 * g / peak);
     }
 }

@@ -87,7 +87,7 @@ fn silu(x: f32) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 fn bf16_vectors() -> bool {
-    super::bf16::available()
+    super::bf16::avx512()
 }
 
 #[cfg(target_arch = "x86_64")]
