@@ -308,53 +308,23 @@ fn cpu_widened_bf16(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     if !crate::cpu::host_paths(x.device()) || w.dtype() != DType::BF16 || x.dtype() != DType::BF16 || w.rank() != 2 || k == 0 || w.dim(1)? != k {
         return Ok(None);
     }
-    if x.elem_count() / k <= MATVEC_MAX_ROWS {
+    let rows = x.elem_count() / k;
+    if rows <= MATVEC_MAX_ROWS {
         return Ok(None);
     }
     crate::cpu::note_kernel_run();
-    widened_gemm(x, w.dim(0)?, k, 1, |start, len| w.narrow(0, start, len)?.to_dtype(DType::F32)).map(Some)
-}
-
-/// `x · wᵀ` (bf16 `x`, `n` outputs) through candle's f32 GEMM, the weight widened to f32 by
-/// `widen(first_row, rows)` in slabs of about 4 MiB (large enough for the GEMM's blocking,
-/// small beside the model) whose row counts are multiples of `align`.
-fn widened_gemm(x: &Tensor, n: usize, k: usize, align: usize, widen: impl Fn(usize, usize) -> Result<Tensor>) -> Result<Tensor> {
-    let rows = x.elem_count() / k;
-    let slab = ((1 << 20) / k).max(64).next_multiple_of(align);
+    let n = w.dim(0)?;
+    // About 4 MiB of f32 per slab: large enough for the GEMM's blocking, small beside the model.
+    let slab = ((1 << 20) / k).max(64);
     let x32 = x.reshape((rows, k))?.to_dtype(DType::F32)?;
     let mut parts = Vec::with_capacity(n.div_ceil(slab));
     for start in (0..n).step_by(slab) {
-        parts.push(x32.matmul(&widen(start, slab.min(n - start))?.t()?)?);
+        let ws = w.narrow(0, start, slab.min(n - start))?.to_dtype(DType::F32)?;
+        parts.push(x32.matmul(&ws.t()?)?);
     }
     let mut shape = x.dims().to_vec();
     *shape.last_mut().expect("rank ≥ 1") = n;
-    Tensor::cat(&parts, 1)?.to_dtype(DType::BF16)?.reshape(shape)
-}
-
-/// A product with the AVX2 bf16 panels (`cpu::bf16` without AVX-512 BF16) of at least this
-/// many rows goes through `widened_gemm` instead: the panels widen every weight in registers
-/// for each pass of activation rows, and on an AVX2-only EPYC VM ([11008, 2048], `benches/panels.rs`) they
-/// ran at 73 % of the f32 peak against candle's GEMM's 94 % from 256 rows (equal at 64).
-const PANELS_WIDEN_ROWS: usize = 128;
-
-/// `x · wᵀ` for the packed bf16 weight `p` in bf16: its panels at decode sizes (and always
-/// with AVX-512 BF16), `widened_gemm` over the panels' rows for a long AVX2 prefill.
-fn packed_bf16(x: &Tensor, p: &PackedBf16, bias: Option<&Tensor>) -> Result<Tensor> {
-    let (n, k) = (p.rows(), p.cols());
-    let rows = packed_rows(x, k)?;
-    if rows < PANELS_WIDEN_ROWS || crate::cpu::bf16::avx512() || x.dtype() != DType::BF16 {
-        return packed(x, (n, k), |x: &[half::bf16], m, o| p.matmul(x, m, o), bias);
-    }
-    crate::cpu::note_kernel_run();
-    let y = widened_gemm(x, n, k, crate::cpu::panels::PANEL, |start, len| {
-        let mut slab = vec![0f32; len * k];
-        p.widen_rows(start, len, &mut slab);
-        Tensor::from_vec(slab, (len, k), x.device())
-    })?;
-    match bias {
-        Some(b) => y.broadcast_add(b),
-        None => Ok(y),
-    }
+    Ok(Some(Tensor::cat(&parts, 1)?.to_dtype(DType::BF16)?.reshape(shape)?))
 }
 
 /// Any product with a packed weight (on the CPU by construction): `[..., k]` rows of `x` taken
@@ -402,7 +372,7 @@ impl Module for Linear {
             Weight::PackedQ4K(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedQ6K(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedBlocks(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
-            Weight::PackedBf16(p) => return packed_bf16(x, p, self.bias.as_ref()),
+            Weight::PackedBf16(p) => return packed(x, (p.rows(), p.cols()), |x: &[half::bf16], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedF32(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::Candle(QMatMul::Tensor(w)) if let Some(y) = cpu_matvec(x, w)? => y,
             Weight::Candle(QMatMul::Tensor(w)) if let Some(y) = cpu_widened_bf16(x, w)? => y,
@@ -515,8 +485,8 @@ mod tests {
     }
 
     /// A prefill-sized bf16 product equals the f32 product of the same bf16 values, rounded
-    /// once to bf16: 20 rows (the packed panels where a bf16 kernel runs, widened slab by slab
-    /// where none does) and 130 (the AVX2 panels widened slab by slab), several slabs.
+    /// once to bf16: 20 and 130 rows (the packed panels where a bf16 kernel runs, widened slab
+    /// by slab where none does), several slabs.
     #[test]
     fn bf16_prefill_equals_the_f32_product_of_its_values() -> Result<()> {
         let (n, k) = (300, 4096);
