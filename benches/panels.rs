@@ -35,6 +35,7 @@ fn main() {
     let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
     let xs: Vec<f32> = (0..512 * K).map(|_| rng.random_range(-1.0..1.0)).collect();
     let xb: Vec<bf16> = xs.iter().map(|&v| bf16::from_f32(v)).collect();
+    let wt = candle_core::Tensor::from_slice(&w, (N, K), &candle_core::Device::Cpu).expect("w");
     // `cargo test` runs this once unoptimised (no `--bench`): the small sizes show it works.
     let sizes: &[usize] = if std::env::args().any(|a| a == "--bench") { &[1, 64, 256, 512] } else { &[1, 16] };
     for &m in sizes {
@@ -60,7 +61,6 @@ fn main() {
             best_gflops(m, reps, || merg::cpu::matvec::matvec_bf16(&xb[..K], 1, K, &wb, N, &mut out, merg::cpu::level()))
         } else {
             let x = candle_core::Tensor::from_slice(&xs[..m * K], (m, K), &candle_core::Device::Cpu).expect("x");
-            let wt = candle_core::Tensor::from_slice(&w, (N, K), &candle_core::Device::Cpu).expect("w");
             best_gflops(m, reps, || drop(x.matmul(&wt.t().expect("t")).expect("matmul")))
         };
         let (what, peak) = if m == 1 { ("bf16 matvec", roof.bf16_gflops) } else { ("candle f32 ", roof.f32_gflops) };

@@ -96,7 +96,7 @@ impl PackedBf16 {
     }
 
     /// `matmul` with AVX2 + FMA: the activations widened to f32 once (rows of `2 · pairs`, a
-    /// zero after an odd `k`), each panel taken one or two activation rows at a time.
+    /// zero after an odd `k`), each panel taken up to three activation rows at a time.
     fn matmul_fma(&self, x: &[bf16], m: usize, out: &mut [f32]) {
         let (k, pairs) = (self.0.k, self.0.k.div_ceil(2));
         let stride = 2 * pairs;
@@ -122,19 +122,17 @@ impl PackedBf16 {
 #[cfg(target_arch = "x86_64")]
 mod fma {
     use super::super::panels::{Line, PANEL};
+    use super::dp::PREFETCH;
     use std::arch::x86_64::*;
 
-    /// Lines ahead to prefetch at batch 1 (as `dp::PREFETCH`).
-    const PREFETCH: usize = 64;
-
     /// One panel against `mg` activation rows of `stride` f32 values: `res[r * 16 + lane]`.
-    /// Every row count runs here, prefill too: candle's f32 GEMM on the widened weight ran
-    /// nearer the f32 peak (94 % against these panels' 73 % at 256 rows on an AVX2-only EPYC
-    /// VM), but it sums in another order than decode does, so a prefix computed in a longer
-    /// chunk gave other K/V than the same prefix from the cache. Up to three rows at a time: twelve accumulators (below ten the FMAs wait on each other's
-    /// latency: two rows ran at 63 % of the f32 peak on an AVX2-only EPYC VM) and four operands fill the
-    /// sixteen registers. Every row is summed the same way whatever shares its pass, so a
-    /// row's product does not depend on its batch.
+    /// Up to three rows at a time: twelve accumulators and four operands fill the sixteen
+    /// registers (with eight, two rows, the FMAs waited on each other's latency: 63 % of the
+    /// f32 peak on an AVX2-only EPYC VM). Every row is summed the same way whatever shares its
+    /// pass, so a row's product does not depend on its batch. Every row count runs here,
+    /// prefill too: candle's f32 GEMM on the widened weight ran nearer the f32 peak (94 %
+    /// against these panels' 73 % at 256 rows), but it sums in another order than decode, so a
+    /// prefix computed in a longer chunk gave other K/V than the same prefix from the cache.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn panel(lines: &[Line], x: &[f32], stride: usize, mg: usize, res: &mut [f32]) {
         for r in (0..mg).step_by(3) {
@@ -188,8 +186,9 @@ mod dp {
     use std::arch::x86_64::*;
 
     /// Lines ahead to prefetch at batch 1 (4 KiB; measured on the layer shapes of a 0.5B
-    /// model: 8 → 23.5, 16 → 22.5, 32 → 24.5, 64 → 24.9, 128 → 24.2 GB/s).
-    const PREFETCH: usize = 64;
+    /// model: 8 → 23.5, 16 → 22.5, 32 → 24.5, 64 → 24.9, 128 → 24.2 GB/s); the AVX2 kernel
+    /// takes the same.
+    pub(super) const PREFETCH: usize = 64;
 
     /// One panel against `mg` activation rows: `res[r * 16 + lane]`.
     #[target_feature(enable = "avx512f,avx512bf16")]
