@@ -43,6 +43,8 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    // Before any thread: the heap's freed buffers are shared by every thread (memory.rs says why).
+    merg::memory::one_malloc_arena();
     // Negative numbers reach the value's own rule ("--top-p -1: must be in (0, 1]") instead
     // of being taken for an unknown flag.
     let mut cmd = Cli::command().mut_subcommands(|s| s.allow_negative_numbers(true));
