@@ -40,10 +40,6 @@ enum Weight {
     PackedF32(Arc<PackedF32>),
     /// Any block format `cpu::blocks` runs, in the file's own blocks (AVX2).
     PackedBlocks(Arc<PackedBlocks>),
-    /// f32 rows read where they lie in the mapped file (below the AVX-512 f32 panels, which
-    /// repack): no copy to make at load, and the file's pages are the one copy held, as in
-    /// llama.cpp. Decode through `cpu::matvec`, prefill through the GEMM candle uses.
-    MappedF32(Mapped),
 }
 
 /// `w` repacked by `pack` when it is a 2-D CPU matrix of `T` and `available` (the kernel runs
@@ -140,9 +136,6 @@ impl Linear {
             let t = Tensor::from_vec(crate::cpu::pages::huge_copy(m.values::<T>()?), (n, k), &candle_core::Device::Cpu).ok()?;
             Some(Weight::Candle(QMatMul::Tensor(t)))
         }
-        if m.dtype == GgmlDType::F32 && dtype == DType::F32 && !crate::cpu::fp32::available() && m.values::<f32>().is_some() {
-            return Some(Linear { weight: Weight::MappedF32(m.clone()), bias });
-        }
         let pack = || match m.dtype {
             GgmlDType::F32 if dtype == DType::F32 && crate::cpu::fp32::available() => Some(Weight::PackedF32(Arc::new(PackedF32::pack(m.values()?, n, k)))),
             GgmlDType::BF16 if dtype == DType::BF16 && crate::cpu::bf16::available() => Some(Weight::PackedBf16(Arc::new(PackedBf16::pack(m.values()?, n, k)))),
@@ -217,7 +210,6 @@ impl Linear {
             Weight::PackedBf16(p) => Ok(p.rows()),
             Weight::PackedF32(p) => Ok(p.rows()),
             Weight::PackedBlocks(p) => Ok(p.rows()),
-            Weight::MappedF32(m) => Ok(m.rows()),
             Weight::Candle(QMatMul::Tensor(w)) => w.dim(0),
             Weight::Candle(QMatMul::TensorF16(w)) => w.dim(0),
             Weight::Candle(QMatMul::QTensor(q)) => q.shape().dims().first().copied().ok_or_else(|| candle_core::Error::Msg("a 0-d weight".into())),
@@ -248,11 +240,6 @@ impl Linear {
             [Weight::PackedQ4K(_), ..] => join!(PackedQ4K),
             [Weight::PackedQ6K(_), ..] => join!(PackedQ6K),
             [Weight::PackedBlocks(_), ..] => join!(PackedBlocks),
-            // Mapped rows join only where the parts lie back to back in the file.
-            [Weight::MappedF32(_), ..] => {
-                let all: Option<Vec<&Mapped>> = parts.iter().map(|p| if let Weight::MappedF32(m) = &p.weight { Some(m) } else { None }).collect();
-                all.and_then(|a| Mapped::join(&a)).map(Weight::MappedF32)
-            }
             _ => {
                 let all: Option<Vec<_>> = parts.iter().map(|p| p.dense_weight()).collect();
                 match all {
@@ -340,25 +327,6 @@ fn cpu_widened_bf16(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     Ok(Some(Tensor::cat(&parts, 1)?.to_dtype(DType::BF16)?.reshape(shape)?))
 }
 
-/// `out[m, n] = x[m, k] · wᵀ` for an f32 weight `[n, k]` in a mapped file: `cpu::matvec` for
-/// decode-sized products, otherwise the GEMM candle's f32 matmul calls, with the same strides
-/// and threads (so the numbers are those of a copy of the weight in a tensor).
-fn mapped_f32(w: &Mapped, x: &[f32], m: usize, out: &mut [f32]) {
-    let (n, k) = (w.dims[0], w.dims[1]);
-    let data = w.values::<f32>().expect("an aligned f32 tensor (checked at load)");
-    if m <= MATVEC_MAX_ROWS {
-        return crate::cpu::matvec::matvec(x, m, k, data, n, out, crate::cpu::level());
-    }
-    let threads = candle_core::utils::get_num_threads();
-    let parallelism = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    assert!(x.len() >= m * k && out.len() >= m * n && data.len() >= n * k, "mapped_f32: slices shorter than the shapes");
-    // SAFETY: x is [m, k] row-major, data [n, k] row-major read as its transpose [k, n]
-    // (column stride k), out [m, n] row-major; all three hold what the strides reach (asserted).
-    unsafe {
-        gemm::gemm(m, n, k, out.as_mut_ptr(), 1, n as isize, false, x.as_ptr(), 1, k as isize, data.as_ptr(), k as isize, 1, 0f32, 1f32, false, false, false, parallelism);
-    }
-}
-
 /// Any product with a packed weight (on the CPU by construction): `[..., k]` rows of `x` taken
 /// as `T` (bf16 for `cpu::bf16`, f32 for the quantized kernels), `n` outputs each, the result
 /// in `x`'s dtype.
@@ -406,7 +374,6 @@ impl Module for Linear {
             Weight::PackedBlocks(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedBf16(p) => return packed(x, (p.rows(), p.cols()), |x: &[half::bf16], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedF32(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
-            Weight::MappedF32(w) => return packed(x, (w.dims[0], w.dims[1]), |x: &[f32], m, o| mapped_f32(w, x, m, o), self.bias.as_ref()),
             Weight::Candle(QMatMul::Tensor(w)) if let Some(y) = cpu_matvec(x, w)? => y,
             Weight::Candle(QMatMul::Tensor(w)) if let Some(y) = cpu_widened_bf16(x, w)? => y,
             // Dense: fold leading dims into rows and use one plain matmul (a broadcast batched

@@ -162,24 +162,6 @@ impl Mapped {
         })
     }
 
-    /// The parts as one `[Σ rows, k]` view when they lie back to back in one mapping in this
-    /// order with the same type and row width (q/k/v, gate/up as a converter wrote them);
-    /// `None` otherwise.
-    pub fn join(parts: &[&Mapped]) -> Option<Mapped> {
-        let first = *parts.first()?;
-        let width = first.dims.get(1..)?;
-        let mut end = first.start;
-        for p in parts {
-            if !Arc::ptr_eq(&p.map, &first.map) || p.dtype != first.dtype || p.dims.get(1..) != Some(width) || p.start != end {
-                return None;
-            }
-            end += p.len;
-        }
-        let mut dims = first.dims.clone();
-        dims[0] = parts.iter().map(|p| p.rows()).sum();
-        Some(Mapped::new(first.map.clone(), first.start, end - first.start, first.dtype, dims))
-    }
-
     /// Drops this process's pages of the tensor's bytes (whole pages only, so neighbours keep
     /// theirs). Call once the bytes have been copied to where they will be read from.
     pub fn release(&self) {
@@ -197,24 +179,6 @@ mod tests {
         f.write_all(bytes).unwrap();
         // SAFETY: a private temporary file nobody else writes.
         Arc::new(unsafe { memmap2::Mmap::map(&f) }.unwrap())
-    }
-
-    /// Tensors back to back in one mapping join into one view in that order, with their rows
-    /// in sequence; a gap, another order, another width or another mapping does not join.
-    #[test]
-    fn joins_only_neighbours() {
-        let bytes: Vec<u8> = (0..=255u8).collect();
-        let map = map_of(&bytes);
-        let at = |start: usize, rows: usize| Mapped::new(map.clone(), start, rows * 16, GgmlDType::F32, vec![rows, 4]);
-        let (a, b, c) = (at(0, 2), at(32, 3), at(80, 1));
-        let j = Mapped::join(&[&a, &b, &c]).expect("neighbours");
-        assert_eq!((j.dims.clone(), j.bytes()), (vec![6, 4], &bytes[..96]));
-        assert!(Mapped::join(&[&b, &a]).is_none(), "out of order");
-        assert!(Mapped::join(&[&a, &c]).is_none(), "a gap");
-        let wide = Mapped::new(map.clone(), 32, 32, GgmlDType::F32, vec![1, 8]);
-        assert!(Mapped::join(&[&a, &wide]).is_none(), "another width");
-        let other = Mapped::new(map_of(&bytes), 32, 48, GgmlDType::F32, vec![3, 4]);
-        assert!(Mapped::join(&[&a, &other]).is_none(), "another file");
     }
 
     #[test]
