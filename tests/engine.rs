@@ -140,6 +140,29 @@ fn bf16_prefix_cache_on_and_off_give_identical_greedy_tokens() {
     }
 }
 
+/// In-situ Q8_0 weights: on the CPU the block kernels, which take eight activation rows per
+/// pass at prefill and fewer at decode. A prefix computed in one chunk and the same tokens
+/// computed in another must give the same K/V, so the prefix cache changes no token here either.
+#[test]
+fn quantized_prefix_cache_on_and_off_give_identical_greedy_tokens() {
+    use merg::checkpoint::LoadOptions;
+    use merg::weights::Quant;
+    for family in ["qwen2_vl", "qwen2_5_vl"] {
+        let engine_q = |prefix_caching| {
+            let files = merg::hub::resolve(tiny_dir(family).to_str().unwrap(), None).unwrap();
+            let ck = Checkpoint::load_with(files, &Device::Cpu, &LoadOptions { quant: Some(Quant::Q8_0), ..Default::default() }).unwrap();
+            Engine::new(ck, EngineConfig { kv_memory: KvMemory::Blocks(256), prefix_caching, ..Default::default() }).unwrap()
+        };
+        let n = 24;
+        let (mut on, mut off) = (engine_q(true), engine_q(false));
+        let a = on.run_all((0..n).map(|i| mixed_request(i, 6)).collect());
+        let b = off.run_all((0..n).map(|i| mixed_request(i, 6)).collect());
+        let s = on.stats();
+        assert!(s.prefix.cached_tokens > 0, "{family}: the cache served something: {:?}", s.prefix);
+        assert_eq!(tokens(&a), tokens(&b), "{family}: Q8_0 cache on = off");
+    }
+}
+
 #[test]
 fn paged_engine_matches_the_dense_reference() {
     let rt = runtime("qwen2_vl");
