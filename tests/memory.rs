@@ -85,8 +85,9 @@ fn tensor(f: &GgufFile, name: &str, ffn: usize, bf16: bool) -> QTensor {
 /// `merg bench`'s peak (anonymous + file-backed resident at once) on `model`: over the whole
 /// run, or while loading at the portable level, where candle's quantized kernels take about
 /// the weights' size again while a product runs (measured: 116 MiB held after loading a Q8_0
-/// file, 223 MiB during a one-token step), which is not how the weights are held.
-fn peak(model: &Path) -> u64 {
+/// file, 223 MiB during a one-token step), which is not how the weights are held. Beside it,
+/// the file-backed memory resident after loading.
+fn peak(model: &Path) -> (u64, u64) {
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_merg"))
         .args(["bench", "--model", model.to_str().unwrap(), "--prompt-tokens", "4", "--decode-tokens", "2", "--warmup", "0", "--no-roofline"])
         .env("HF_HUB_OFFLINE", "1")
@@ -95,7 +96,8 @@ fn peak(model: &Path) -> u64 {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let rec: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let which = if merg::cpu::level() == merg::cpu::Level::Portable { "peak_during_load" } else { "peak" };
-    rec["memory"][which]["total_bytes"].as_u64().expect("memory peak total_bytes")
+    let after_file = rec["memory"]["after_load"]["file_bytes"].as_u64().expect("memory after_load file_bytes");
+    (rec["memory"][which]["total_bytes"].as_u64().expect("memory peak total_bytes"), after_file)
 }
 
 /// A directory with `name` made from the fixture `src` at `shape`, its projector beside it.
@@ -124,10 +126,14 @@ fn each_format_is_held_once() {
         let big = made(big_dir.path(), src, &shape, bf16, "big.gguf");
         let (s, b) = (std::fs::metadata(&small).unwrap().len(), std::fs::metadata(&big).unwrap().len());
         assert!(b - s > 90 * MIB, "{src}: only {} MiB more to measure", (b - s) / MIB);
-        let (ps, pb) = (peak(&small), peak(&big));
+        let ((ps, fs), (pb, fb)) = (peak(&small), peak(&big));
         // 1.25× the extra bytes, plus one band of a copy in flight (`cpu::pages::BAND_BYTES`).
         let (extra, bound) = (pb.saturating_sub(ps), (b - s) * 5 / 4 + merg::cpu::pages::BAND_BYTES as u64);
         eprintln!("{src} bf16={bf16}: file {} → {} MiB, peak {} → {} MiB (+{} MiB, bound {} MiB)", s / MIB, b / MIB, ps / MIB, pb / MIB, extra / MIB, bound / MIB);
         assert!(extra <= bound, "{src} (bf16 {bf16}): {} MiB more file cost {} MiB more memory, over 1.25×", (b - s) / MIB, extra / MIB);
+        // Once loaded, the file's pages are not kept mapped beside the copies: the bigger file
+        // leaves no more than a few MiB more of it resident.
+        let more_file = fb.saturating_sub(fs);
+        assert!(more_file <= 4 * MIB, "{src} (bf16 {bf16}): {} MiB more of the file resident after loading", more_file / MIB);
     }
 }

@@ -306,6 +306,11 @@ impl GgufFile {
         self.header.tensors.get(tensor)
     }
 
+    /// Drops this process's pages of the whole file (`WeightSource::release_mappings`).
+    pub fn release_all(&self) {
+        crate::cpu::pages::release(&self.map[..]);
+    }
+
     /// A tensor where it lies in the mapping.
     pub fn mapped(&self, tensor: &str) -> Option<Mapped> {
         let info = self.info(tensor)?;

@@ -141,6 +141,13 @@ fn permute_rows(q: &QTensor, u: Permute, dev: &Device) -> candle_core::Result<QT
 }
 
 impl WeightSource for GgufWeights {
+    fn release_mappings(&self) {
+        self.text.release_all();
+        if let Some(v) = &self.vision {
+            v.release_all();
+        }
+    }
+
     fn describe(&self) -> String {
         match &self.vision {
             Some(v) => format!("{}, {}", self.text.name(), v.name()),

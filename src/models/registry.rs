@@ -53,7 +53,9 @@ pub fn load(config: &Value, weights: Weights) -> Result<Arc<dyn Model>> {
     let family = family(config)?;
     // Quantizing while loading is most of a large model's load time: the task says so.
     let task = crate::progress::task(&format!("loading {}", weights.describe()), weights.tensor_count().map(|n| n as u64), "tensors");
-    Ok(Arc::new(family.build(weights.tracked(task))?))
+    let model = family.build(weights.clone().tracked(task))?;
+    weights.release_mappings();
+    Ok(Arc::new(model))
 }
 
 /// What the engine would see of the model, from its config alone.

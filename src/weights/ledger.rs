@@ -232,6 +232,10 @@ impl LedgerSource {
 }
 
 impl WeightSource for LedgerSource {
+    fn release_mappings(&self) {
+        self.inner.release_mappings()
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }

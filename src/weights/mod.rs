@@ -67,6 +67,12 @@ pub trait WeightSource: Send + Sync {
     fn rows(&self, name: &str) -> Option<Mapped> {
         self.mapped(name)
     }
+    /// Drops this process's pages of the source's mapped files (the page cache keeps them),
+    /// once the model is loaded: every tensor has its own home by then, except embedding rows,
+    /// which are read in place and fault back in. The kernel maps a page-cache folio whole on a
+    /// fault (up to 2 MiB), so copying one tensor maps its neighbours' pages too, after their
+    /// own release; without this they stay counted beside their copies.
+    fn release_mappings(&self) {}
     /// A linear weight the model cut from a stored tensor (an expert of a fused MoE tensor),
     /// quantized the way this source quantizes its own linear weights; `None` keeps it dense.
     /// `name` is where it came from.
@@ -138,6 +144,11 @@ impl Weights {
     pub fn tracked(self, task: Arc<crate::progress::Task>) -> Self {
         let taking = Arc::new(Taking { task, names: Default::default() });
         Self::build(self.source.clone(), self.dtype(), self.device(), Some(taking))
+    }
+
+    /// `WeightSource::release_mappings` of the source.
+    pub fn release_mappings(&self) {
+        self.source.release_mappings()
     }
 
     /// Tensors the source holds, when it knows.

@@ -99,6 +99,10 @@ impl QuantizingSource {
 
 
 impl WeightSource for QuantizingSource {
+    fn release_mappings(&self) {
+        self.inner.release_mappings()
+    }
+
     fn describe(&self) -> String {
         format!("{} (quantized to {} while loading)", self.inner.describe(), self.quant.name())
     }

@@ -88,6 +88,19 @@ impl SafetensorsWeights {
 }
 
 impl WeightSource for SafetensorsWeights {
+    /// The views' mappings (float tensors read from the file by the kernels' packers and
+    /// embedding lookups), each file once.
+    fn release_mappings(&self) {
+        let mut done: Vec<*const u8> = Vec::new();
+        for m in self.views.values() {
+            let at = m.file_start();
+            if !done.contains(&at) {
+                done.push(at);
+                m.release_file();
+            }
+        }
+    }
+
     fn describe(&self) -> String {
         self.names.clone()
     }
