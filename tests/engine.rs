@@ -16,8 +16,12 @@ fn runtime(family: &str) -> Checkpoint {
 }
 
 fn runtime_as(family: &str, dtype: DType) -> Checkpoint {
+    runtime_with(family, &merg::checkpoint::LoadOptions { dtype: Some(dtype), ..Default::default() })
+}
+
+fn runtime_with(family: &str, opts: &merg::checkpoint::LoadOptions) -> Checkpoint {
     let files = merg::hub::resolve(tiny_dir(family).to_str().unwrap(), None).unwrap();
-    Checkpoint::load(files, &Device::Cpu, Some(dtype)).unwrap()
+    Checkpoint::load_with(files, &Device::Cpu, opts).unwrap()
 }
 
 fn engine(family: &str, blocks: usize, prefix_caching: bool) -> Engine {
@@ -25,8 +29,11 @@ fn engine(family: &str, blocks: usize, prefix_caching: bool) -> Engine {
 }
 
 fn engine_as(family: &str, blocks: usize, prefix_caching: bool, dtype: DType) -> Engine {
-    let cfg = EngineConfig { kv_memory: KvMemory::Blocks(blocks), prefix_caching, ..Default::default() };
-    Engine::new(runtime_as(family, dtype), cfg).unwrap()
+    engine_on(runtime_as(family, dtype), blocks, prefix_caching)
+}
+
+fn engine_on(rt: Checkpoint, blocks: usize, prefix_caching: bool) -> Engine {
+    Engine::new(rt, EngineConfig { kv_memory: KvMemory::Blocks(blocks), prefix_caching, ..Default::default() }).unwrap()
 }
 
 fn image(name: &str) -> image::RgbImage {
@@ -145,14 +152,9 @@ fn bf16_prefix_cache_on_and_off_give_identical_greedy_tokens() {
 /// computed in another must give the same K/V, so the prefix cache changes no token here either.
 #[test]
 fn quantized_prefix_cache_on_and_off_give_identical_greedy_tokens() {
-    use merg::checkpoint::LoadOptions;
-    use merg::weights::Quant;
+    let q8 = merg::checkpoint::LoadOptions { quant: Some(merg::weights::Quant::Q8_0), ..Default::default() };
     for family in ["qwen2_vl", "qwen2_5_vl"] {
-        let engine_q = |prefix_caching| {
-            let files = merg::hub::resolve(tiny_dir(family).to_str().unwrap(), None).unwrap();
-            let ck = Checkpoint::load_with(files, &Device::Cpu, &LoadOptions { quant: Some(Quant::Q8_0), ..Default::default() }).unwrap();
-            Engine::new(ck, EngineConfig { kv_memory: KvMemory::Blocks(256), prefix_caching, ..Default::default() }).unwrap()
-        };
+        let engine_q = |prefix_caching| engine_on(runtime_with(family, &q8), 256, prefix_caching);
         let n = 24;
         let (mut on, mut off) = (engine_q(true), engine_q(false));
         let a = on.run_all((0..n).map(|i| mixed_request(i, 6)).collect());

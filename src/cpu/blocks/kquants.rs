@@ -1,4 +1,5 @@
-//! AVX2 dots of the k-quants (Q4_K, Q5_K, Q6_K: 256 values a block) with `Q8K` activations:
+//! AVX2 dots of the k-quants in the file's row order (Q5_K, Q6_K: 256 values a block; Q4_K
+//! runs on `q4k8`'s interleaved groups, but shares this module's block reading) with `Q8K` activations:
 //! one weight row against up to four activation rows, each block's values decoded once into
 //! registers and dotted with every row. The sub-block scales multiply in integers
 //! (`vpmaddwd` of the `vpmaddubsw` pairs with the scale), so a block costs one conversion and

@@ -185,10 +185,10 @@ impl PackedBlocks {
         assert!(available(), "PackedBlocks::matmul needs AVX2, FMA and F16C");
         let (n, k) = (self.n, self.k);
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedBlocks::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
-        let row_bytes = k / self.format.values() * self.format.bytes();
         if self.format == Format::Q4K {
             return self.matmul_q4k8(x, m, out);
         }
+        let row_bytes = k / self.format.values() * self.format.bytes();
         if self.format.values() == 256 {
             let a = Q8K::quantize(x, m, k);
             super::panels::run(n, m, out, |p, g, mg, res| {
@@ -338,10 +338,11 @@ fn tile_32(f: Format, wide: bool, w: *const u8, nb: usize, a: &Q8, g: usize, out
 
 /// A k-quant row against activation row group `g` (`act::GROUP` rows).
 fn tile_k(f: Format, w: *const u8, nb: usize, a: &Q8K, g: usize, out: &mut [f32]) {
+    debug_assert!(f != Format::Q4K, "Q4_K runs on q4k8's groups");
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as `tile_32`.
     unsafe {
-        by_format!(kquants::avx2::tile, f, (w, nb, a, g, out), [Q4K, Q5K], Q6K)
+        by_format!(kquants::avx2::tile, f, (w, nb, a, g, out), [Q5K], Q6K)
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (f, w, nb, a, g, out);
@@ -349,8 +350,9 @@ fn tile_k(f: Format, w: *const u8, nb: usize, a: &Q8K, g: usize, out: &mut [f32]
 
 /// A k-quant row against `rows` (1–4) activation rows from `r0`.
 fn dispatch_k(f: Format, w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], rows: usize) {
+    debug_assert!(f != Format::Q4K, "Q4_K runs on q4k8's groups");
     #[cfg(target_arch = "x86_64")]
-    by_format_and_rows!(kquants::avx2::row, f, (w, nb, a, r0, out, rows), [Q4K, Q5K], Q6K);
+    by_format_and_rows!(kquants::avx2::row, f, (w, nb, a, r0, out, rows), [Q5K], Q6K);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (f, w, nb, a, r0, out, rows);
 }
