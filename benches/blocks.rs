@@ -16,9 +16,17 @@ use merg::cpu::blocks::{Format, PackedBlocks};
 use merg::cpu::q6_k::PackedQ6K;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-const N: usize = 11008;
-const N_DECODE: usize = 131072;
 const K: usize = 2048;
+
+/// The prefill and decode weights' rows: the real shapes under `cargo bench`; a few rows when
+/// `cargo test` runs this once unoptimised (no `--bench`), which only shows that it runs.
+fn rows() -> (usize, usize) {
+    if std::env::args().any(|a| a == "--bench") {
+        (11008, 131072)
+    } else {
+        (256, 512)
+    }
+}
 
 /// Offsets of a block's f16 scales (d, and dmin/m where the format has one).
 fn scale_offsets(f: Format) -> &'static [usize] {
@@ -29,10 +37,10 @@ fn scale_offsets(f: Format) -> &'static [usize] {
     }
 }
 
-/// Random blocks of `f` for the decode weight ([N_DECODE, K]); the prefill one is its first N rows.
-fn random_blocks(f: Format) -> Vec<u8> {
+/// Random blocks of `f` for the decode weight ([n_decode, K]); the prefill one is its first rows.
+fn random_blocks(f: Format, n_decode: usize) -> Vec<u8> {
     let mut rng = StdRng::seed_from_u64(f as u64);
-    let mut bytes: Vec<u8> = (0..N_DECODE * K / f.values() * f.bytes()).map(|_| rng.random()).collect();
+    let mut bytes: Vec<u8> = (0..n_decode * K / f.values() * f.bytes()).map(|_| rng.random()).collect();
     for blk in bytes.chunks_exact_mut(f.bytes()) {
         for &at in scale_offsets(f) {
             blk[at..at + 2].copy_from_slice(&half::f16::from_f32(rng.random_range(1e-3..1e-2)).to_le_bytes());
@@ -42,10 +50,10 @@ fn random_blocks(f: Format) -> Vec<u8> {
 }
 
 /// The decode weight and the prefill one in the file's blocks.
-fn weights(f: Format) -> (PackedBlocks, PackedBlocks) {
-    let bytes = random_blocks(f);
+fn weights(f: Format, (n, n_decode): (usize, usize)) -> (PackedBlocks, PackedBlocks) {
+    let bytes = random_blocks(f, n_decode);
     let pack = |n| PackedBlocks::pack(f, &bytes, n, K).expect("whole blocks");
-    (pack(N_DECODE), pack(N))
+    (pack(n_decode), pack(n))
 }
 
 fn bench(c: &mut Criterion) {
@@ -53,31 +61,32 @@ fn bench(c: &mut Criterion) {
         eprintln!("no AVX2: nothing to measure");
         return;
     }
+    let (n, n_decode) = rows();
     let mut rng = StdRng::seed_from_u64(1);
     let x: Vec<f32> = (0..256 * K).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let mut out = vec![0f32; (256 * N).max(N_DECODE)];
+    let mut out = vec![0f32; (256 * n).max(n_decode)];
     let mut g = c.benchmark_group(format!("blocks_{}", merg::cpu::level().name()));
     g.sample_size(10);
     for f in [Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q4K, Format::Q5K, Format::Q6K] {
-        let (big, w) = weights(f);
+        let (big, w) = weights(f, (n, n_decode));
         g.throughput(Throughput::Bytes(big.bytes() as u64));
         g.bench_function(format!("{f:?}_decode_bytes"), |b| b.iter(|| big.matmul(&x, 1, &mut out)));
         drop(big);
-        g.throughput(Throughput::Elements((256 * N * K) as u64));
+        g.throughput(Throughput::Elements((256 * n * K) as u64));
         g.bench_function(format!("{f:?}_prefill256_macs"), |b| b.iter(|| w.matmul(&x, 256, &mut out)));
     }
     if merg::cpu::q6_k::available() {
-        let bytes = random_blocks(Format::Q6K);
-        let (big, w) = (PackedQ6K::pack(&bytes, N_DECODE, K).expect("whole blocks"), PackedQ6K::pack(&bytes, N, K).expect("whole blocks"));
+        let bytes = random_blocks(Format::Q6K, n_decode);
+        let (big, w) = (PackedQ6K::pack(&bytes, n_decode, K).expect("whole blocks"), PackedQ6K::pack(&bytes, n, K).expect("whole blocks"));
         g.throughput(Throughput::Bytes(big.bytes() as u64));
         g.bench_function("Q6K_vnni_decode_bytes", |b| b.iter(|| big.matmul(&x, 1, &mut out)));
         drop(big);
-        g.throughput(Throughput::Elements((256 * N * K) as u64));
+        g.throughput(Throughput::Elements((256 * n * K) as u64));
         g.bench_function("Q6K_vnni_prefill256_macs", |b| b.iter(|| w.matmul(&x, 256, &mut out)));
     }
     let xt = Tensor::from_slice(&x, (256, K), &Device::Cpu).unwrap();
-    let wt = Tensor::from_slice(&x[..K * 256], (256, K), &Device::Cpu).unwrap().repeat((N / 256, 1)).unwrap();
-    g.throughput(Throughput::Elements((256 * (N / 256 * 256) * K) as u64));
+    let wt = Tensor::from_slice(&x[..K * 256], (256, K), &Device::Cpu).unwrap().repeat((n / 256, 1)).unwrap();
+    g.throughput(Throughput::Elements((256 * (n / 256 * 256) * K) as u64));
     g.bench_function("f32_gemm_prefill256_macs", |b| b.iter(|| xt.matmul(&wt.t().unwrap()).unwrap()));
     g.finish();
 }
