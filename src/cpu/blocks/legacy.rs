@@ -35,14 +35,14 @@ pub(super) mod avx2 {
     /// The Q5 formats' fifth bits at `p` (32 bits, one per value) as 0x10 bytes.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn high(p: *const u8) -> __m256i {
+    pub unsafe fn high(p: *const u8) -> __m256i {
         _mm256_and_si256(bit_bytes(p.cast::<u32>().read_unaligned()), _mm256_set1_epi8(0x10))
     }
 
     /// 16 bytes of nibbles as 32 values: the low nibbles (values 0..16) then the high ones.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
+    pub unsafe fn nibbles(p: *const u8) -> __m256i {
         let q = _mm_loadu_si128(p as *const __m128i);
         let lo = _mm_and_si128(q, _mm_set1_epi8(0x0f));
         let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), _mm_set1_epi8(0x0f));
@@ -181,7 +181,7 @@ pub(super) mod avx2 {
     /// 7874 (activations stay within ±127), so four of them, 31 496, still fit in an i16.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn reduce16(p: &[__m256i; GROUP]) -> __m256i {
+    pub unsafe fn reduce16(p: &[__m256i; GROUP]) -> __m256i {
         let ones = _mm256_set1_epi16(1);
         let q0 = _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
         let q1 = _mm256_hadd_epi16(_mm256_hadd_epi16(p[4], p[5]), _mm256_hadd_epi16(p[6], p[7]));

@@ -7,12 +7,17 @@
 //! 16-row groups across the thread team with `panels::run` so a group stays in the core's
 //! cache while every activation row passes over it. Q4_K, the bulk of a Q4_K_M file, has its
 //! blocks interleaved eight rows at a time instead (`q4k8`: the same bits, one widening
-//! multiply per sub-block for eight rows instead of one per row, one kernel for every row count).
+//! multiply per sub-block for eight rows instead of one per row, one kernel for every row count),
+//! and so do the 32-value formats below the AVX-512 VNNI level (`rows8`: the file's blocks
+//! regrouped, eight rows' dots scaled and summed as one vector). With AVX-512 VNNI the
+//! 32-value formats keep the file's layout: `legacy`'s rows at decode, its 512-bit tile at
+//! prefill.
 
 pub mod act;
 mod kquants;
 mod legacy;
 mod q4k8;
+mod rows8;
 
 use candle_core::quantized::GgmlDType;
 
@@ -110,8 +115,19 @@ pub struct PackedBlocks {
     format: Format,
     n: usize,
     k: usize,
+    /// Rows interleaved eight at a time (`q4k8`, `rows8`) rather than the file's row order.
+    grouped: bool,
     data: Vec<u8>,
 }
+
+/// Whether `format` is held in groups of eight interleaved rows at this level.
+fn grouped(format: Format) -> bool {
+    format == Format::Q4K || (format.values() == 32 && !wide())
+}
+
+/// Rows in a group of `q4k8` and `rows8`.
+const GROUP_ROWS: usize = q4k8::ROWS;
+const _: () = assert!(rows8::ROWS == GROUP_ROWS);
 
 impl std::fmt::Debug for PackedBlocks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -127,23 +143,26 @@ impl PackedBlocks {
         if k == 0 || !k.is_multiple_of(format.values()) || blocks.len() < len {
             return None;
         }
-        if format == Format::Q4K {
-            // One part per group of eight rows, written by the worker that packs it; the mapped
-            // rows behind each band are released as it goes (`pages::copied`).
-            let (nb, part) = (k / 256, k / 256 * q4k8::BYTES);
-            let band = (super::pages::BAND_BYTES / part).max(1);
-            let data = super::pages::huge_filled(q4k8::bytes(n, k), part, band, 0u8, |g, out| q4k8::pack_group(blocks, n, nb, g, out), |done| {
-                super::pages::copied((done * q4k8::ROWS).min(n), n)
-            });
-            return Some(PackedBlocks { format, n, k, data });
+        if !grouped(format) {
+            return Some(PackedBlocks { format, n, k, grouped: false, data: super::pages::huge_copy(&blocks[..len]) });
         }
-        Some(PackedBlocks { format, n, k, data: super::pages::huge_copy(&blocks[..len]) })
+        // One part per group of eight rows, written by the worker that packs it; the mapped
+        // rows behind each band are released as it goes (`pages::copied`).
+        let part = Self::held_bytes(format, GROUP_ROWS, k);
+        let band = (super::pages::BAND_BYTES / part).max(1);
+        let nb = k / format.values();
+        let data = super::pages::huge_filled(Self::held_bytes(format, n, k), part, band, 0u8, |g, out| match format {
+            Format::Q4K => q4k8::pack_group(blocks, n, nb, g, out),
+            _ => rows8::pack_group(format, blocks, n, nb, g, out),
+        }, |done| super::pages::copied((done * GROUP_ROWS).min(n), n));
+        Some(PackedBlocks { format, n, k, grouped: true, data })
     }
 
-    /// Bytes an `[n, k]` weight of `format` is held in.
+    /// Bytes an `[n, k]` weight of `format` is held in at this level.
     pub fn held_bytes(format: Format, n: usize, k: usize) -> usize {
         match format {
             Format::Q4K => q4k8::bytes(n, k),
+            f if grouped(f) => rows8::bytes(f, n, k),
             _ => n * (k / format.values()) * format.bytes(),
         }
     }
@@ -160,23 +179,24 @@ impl PackedBlocks {
         self.k
     }
 
-    /// Bytes held: the blocks' (Q4_K: 1184 for every 1152 of the file, `q4k8`).
+    /// Bytes held: the blocks' (Q4_K: 1184 for every 1152 of the file, `q4k8`; groups of
+    /// eight rows padded).
     pub fn bytes(&self) -> usize {
         self.data.len()
     }
 
     /// The parts' rows one after another (q/k/v, gate/up); `None` unless they share the
-    /// format and `k` (and, for Q4_K's groups, every part but the last is whole groups).
+    /// format, `k` and layout (and, in groups, every part but the last is whole groups).
     pub fn concat(parts: &[&PackedBlocks]) -> Option<PackedBlocks> {
         let first = parts.first()?;
-        if parts.iter().any(|p| p.format != first.format || p.k != first.k) {
+        if parts.iter().any(|p| p.format != first.format || p.k != first.k || p.grouped != first.grouped) {
             return None;
         }
-        if first.format == Format::Q4K && parts[..parts.len() - 1].iter().any(|p| !p.n.is_multiple_of(q4k8::ROWS)) {
+        if first.grouped && parts[..parts.len() - 1].iter().any(|p| !p.n.is_multiple_of(GROUP_ROWS)) {
             return None;
         }
         let data = super::pages::huge_concat(&parts.iter().map(|p| p.data.as_slice()).collect::<Vec<_>>());
-        Some(PackedBlocks { format: first.format, n: parts.iter().map(|p| p.n).sum(), k: first.k, data })
+        Some(PackedBlocks { format: first.format, n: parts.iter().map(|p| p.n).sum(), k: first.k, grouped: first.grouped, data })
     }
 
     /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are
@@ -187,6 +207,9 @@ impl PackedBlocks {
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedBlocks::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
         if self.format == Format::Q4K {
             return self.matmul_q4k8(x, m, out);
+        }
+        if self.grouped {
+            return self.matmul_rows8(x, m, out);
         }
         let row_bytes = k / self.format.values() * self.format.bytes();
         if self.format.values() == 256 {
@@ -210,29 +233,44 @@ impl PackedBlocks {
         }
     }
 
-    /// Q4_K in `q4k8`'s groups: the two groups of each 16-row panel against the activation
-    /// rows of a pass, four at a time.
+    /// Q4_K in `q4k8`'s groups.
     fn matmul_q4k8(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        let (n, nb) = (self.n, self.k / 256);
+        let nb = self.k / 256;
         let a = Q8K::quantize(x, m, self.k);
+        self.groups(m, out, |w, r0, o, rows| {
+            #[cfg(target_arch = "x86_64")]
+            match rows {
+                1 => q4k8::rows::<1>(w, nb, &a, r0, o, PANEL),
+                2 => q4k8::rows::<2>(w, nb, &a, r0, o, PANEL),
+                3 => q4k8::rows::<3>(w, nb, &a, r0, o, PANEL),
+                _ => q4k8::rows::<4>(w, nb, &a, r0, o, PANEL),
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (w, nb, &a, r0, o, rows);
+        });
+    }
+
+    /// A 32-value format in `rows8`'s groups.
+    fn matmul_rows8(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        let nb = self.k / 32;
+        let a = Q8::quantize(x, m, self.k);
+        self.groups(m, out, |w, r0, o, rows| rows8_pass(self.format, w, nb, &a, r0, o, rows));
+    }
+
+    /// The groups of eight interleaved rows: the two groups of each 16-row panel against the
+    /// activation rows of a pass, four at a time; `pass(group, first_row, out, rows)` writes
+    /// `out[r * 16 + lane]` for the group's eight rows.
+    fn groups(&self, m: usize, out: &mut [f32], pass: impl Fn(*const u8, usize, &mut [f32], usize) + Sync) {
+        let (n, group_bytes) = (self.n, Self::held_bytes(self.format, GROUP_ROWS, self.k));
         super::panels::run(n, m, out, |p, g, mg, res| {
-            for h in 0..PANEL / q4k8::ROWS {
-                let group = p * PANEL / q4k8::ROWS + h;
-                if group * q4k8::ROWS >= n {
+            for h in 0..PANEL / GROUP_ROWS {
+                let group = p * PANEL / GROUP_ROWS + h;
+                if group * GROUP_ROWS >= n {
                     break;
                 }
-                let w = self.data[group * nb * q4k8::BYTES..].as_ptr();
+                let w = self.data[group * group_bytes..].as_ptr();
                 for r in (0..mg).step_by(4) {
-                    let o = &mut res[r * PANEL + h * q4k8::ROWS..];
-                    #[cfg(target_arch = "x86_64")]
-                    match mg - r {
-                        1 => q4k8::rows::<1>(w, nb, &a, g + r, o, PANEL),
-                        2 => q4k8::rows::<2>(w, nb, &a, g + r, o, PANEL),
-                        3 => q4k8::rows::<3>(w, nb, &a, g + r, o, PANEL),
-                        _ => q4k8::rows::<4>(w, nb, &a, g + r, o, PANEL),
-                    }
-                    #[cfg(not(target_arch = "x86_64"))]
-                    let _ = (w, o);
+                    pass(w, g + r, &mut res[r * PANEL + h * GROUP_ROWS..], (mg - r).min(4));
                 }
             }
         });
@@ -301,6 +339,33 @@ macro_rules! by_format_and_rows {
 fn dispatch_32(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], rows: usize) {
     #[cfg(target_arch = "x86_64")]
     by_format_and_rows!(legacy::avx2::row, f, (w, nb, a, r0, out, rows), [Q8_0, Q4_0, Q4_1, Q5_0], Q5_1);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (f, w, nb, a, r0, out, rows);
+}
+
+/// A 32-value format's group (`rows8`) against `rows` (1–4) activation rows from `r0`.
+fn rows8_pass(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], rows: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! go {
+            ($F:ident) => {{
+                const F: u8 = Format::$F as u8;
+                match rows {
+                    1 => rows8::rows::<F, 1>(w, nb, a, r0, out, PANEL),
+                    2 => rows8::rows::<F, 2>(w, nb, a, r0, out, PANEL),
+                    3 => rows8::rows::<F, 3>(w, nb, a, r0, out, PANEL),
+                    _ => rows8::rows::<F, 4>(w, nb, a, r0, out, PANEL),
+                }
+            }};
+        }
+        match f {
+            Format::Q8_0 => go!(Q8_0),
+            Format::Q4_0 => go!(Q4_0),
+            Format::Q4_1 => go!(Q4_1),
+            Format::Q5_0 => go!(Q5_0),
+            _ => go!(Q5_1),
+        }
+    }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (f, w, nb, a, r0, out, rows);
 }
@@ -384,33 +449,39 @@ mod tests {
         Ok(())
     }
 
-    /// Q4_K's interleaved groups: a row's numbers do not depend on the activation rows beside
-    /// it (1 to 13 rows, bit for bit: decode and prefill agree, which the prefix cache needs),
-    /// and joined weights (q/k/v) give each part's numbers; a part that is not whole groups
-    /// is not joined.
+    /// The interleaved groups (Q4_K at every level, the 32-value formats below AVX-512 VNNI):
+    /// a row's numbers do not depend on the activation rows beside it (1 to 13 rows, bit for
+    /// bit: decode and prefill agree, which the prefix cache needs), and joined weights
+    /// (q/k/v) give each part's numbers; a part that is not whole groups is not joined.
     #[test]
-    fn q4k_groups_are_batch_invariant_and_join() -> candle_core::Result<()> {
+    fn groups_are_batch_invariant_and_join() -> candle_core::Result<()> {
         if !available() {
             return Ok(());
         }
         let (k, n) = (512, 40);
-        let (x, blocks, _) = crate::cpu::testing::quantized_case(GgmlDType::Q4K, 13, k, n)?;
-        let w = PackedBlocks::pack(Format::Q4K, &blocks, n, k).expect("whole blocks");
-        let mut all = vec![0f32; 13 * n];
-        w.matmul(&x, 13, &mut all);
-        for m in [1, 2, 5, 8, 9] {
-            let mut some = vec![0f32; m * n];
-            w.matmul(&x, m, &mut some);
-            assert_eq!(some, all[..m * n], "{m} rows");
+        for dtype in [GgmlDType::Q4K, GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1] {
+            let f = Format::of(dtype).expect("a format");
+            if !grouped(f) {
+                continue;
+            }
+            let (x, blocks, _) = crate::cpu::testing::quantized_case(dtype, 13, k, n)?;
+            let w = PackedBlocks::pack(f, &blocks, n, k).expect("whole blocks");
+            let mut all = vec![0f32; 13 * n];
+            w.matmul(&x, 13, &mut all);
+            for m in [1, 2, 5, 8, 9] {
+                let mut some = vec![0f32; m * n];
+                w.matmul(&x, m, &mut some);
+                assert_eq!(some, all[..m * n], "{f:?}: {m} rows");
+            }
+            let row_bytes = k / f.values() * f.bytes();
+            let (a, b) = (PackedBlocks::pack(f, &blocks, 16, k).unwrap(), PackedBlocks::pack(f, &blocks[16 * row_bytes..], 24, k).unwrap());
+            let joined = PackedBlocks::concat(&[&a, &b]).expect("whole groups");
+            let mut got = vec![0f32; 13 * n];
+            joined.matmul(&x, 13, &mut got);
+            assert_eq!(got, all, "{f:?} joined");
+            let odd = PackedBlocks::pack(f, &blocks, 5, k).unwrap();
+            assert!(PackedBlocks::concat(&[&odd, &b]).is_none(), "{f:?}");
         }
-        let row_bytes = k / 256 * 144;
-        let (a, b) = (PackedBlocks::pack(Format::Q4K, &blocks, 16, k).unwrap(), PackedBlocks::pack(Format::Q4K, &blocks[16 * row_bytes..], 24, k).unwrap());
-        let joined = PackedBlocks::concat(&[&a, &b]).expect("whole groups");
-        let mut got = vec![0f32; 13 * n];
-        joined.matmul(&x, 13, &mut got);
-        assert_eq!(got, all);
-        let odd = PackedBlocks::pack(Format::Q4K, &blocks, 5, k).unwrap();
-        assert!(PackedBlocks::concat(&[&odd, &b]).is_none());
         Ok(())
     }
 
