@@ -1,6 +1,8 @@
-//! AVX2 dots of the 32-value block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with `Q8`
-//! activations: one weight row against up to four activation rows, each weight block decoded
-//! once into 32 bytes and dotted with every row (`vpmaddubsw` + `vpmaddwd`).
+//! Dots of the 32-value block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) in the file's layout with
+//! `Q8` activations, which the AVX-512 VNNI level keeps (below it `rows8` regroups them): one
+//! weight row against up to four activation rows at decode, each weight block decoded once
+//! into 32 bytes and dotted with every row (`vpmaddubsw` + `vpmaddwd`), and the 512-bit
+//! prefill tile. The block decoding and reductions here serve `rows8` too.
 //!
 //! The 4- and 5-bit formats are dotted as unsigned values (0..15, 0..31) — `vpmaddubsw` takes
 //! unsigned × signed bytes without saturating at these sizes — and their offset (−8, −16) or
@@ -112,23 +114,10 @@ pub(super) mod avx2 {
         }
     }
 
-    /// Row `w` (`nb` blocks) against the `GROUP` activation rows of group `g` (rows `8g..8g+8`,
-    /// prefill): `out[r]`. Each weight block is decoded once for the eight rows, and the eight
-    /// dots land in the lanes of one vector (`reduce16`/`reduce32`), so the scales, the
-    /// offset/min correction and the accumulation are one vector op per block for all eight
-    /// rows instead of scalar work per row (the four-row `row` spent more on those than on
-    /// the integer dots themselves).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn tile<const F: u8>(w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]) {
-        let (mut acc, mut corr) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        for b in 0..nb {
-            tile_block::<F>(w, b, nb, a, g, &mut acc, &mut corr);
-        }
-        _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc, corr));
-    }
-
-    /// Block `b` of `tile`: the eight rows' scaled dots into `acc`, their offset or min terms
-    /// into `corr`.
+    /// Block `b` of row `w` against the `GROUP` activation rows of group `g` (rows `8g..8g+8`):
+    /// the eight rows' scaled dots into `acc`, their offset or min terms into `corr` (the
+    /// AVX-512 tile's last block when a row has an odd count). The weight block is decoded
+    /// once for the eight rows and their dots land in the lanes of one vector.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn tile_block<const F: u8>(w: *const u8, b: usize, nb: usize, a: &Q8, g: usize, acc: &mut __m256, corr: &mut __m256) {

@@ -221,12 +221,12 @@ impl PackedBlocks {
                 self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_k(self.format, w, k / 256, &a, r, o, rows))
             });
         } else {
+            // The file's layout: the AVX-512 VNNI level (`grouped`).
             let a = Q8::quantize(x, m, k);
-            let wide = wide();
             super::panels::run(n, m, out, |p, g, mg, res| {
                 // A whole group of activation rows (prefill) takes the eight-row tile.
                 if mg == act::GROUP && g % act::GROUP == 0 {
-                    return self.tiles(p, res, row_bytes, &|w, o| tile_32(self.format, wide, w, k / 32, &a, g / act::GROUP, o));
+                    return self.tiles(p, res, row_bytes, &|w, o| tile_32(self.format, w, k / 32, &a, g / act::GROUP, o));
                 }
                 self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_32(self.format, w, k / 32, &a, r, o, rows))
             });
@@ -370,8 +370,8 @@ fn rows8_pass(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [
     let _ = (f, w, nb, a, r0, out, rows);
 }
 
-/// Whether the 32-value formats' prefill tile runs at 512 bits (the AVX-512 level, with
-/// VNNI).
+/// Whether the 32-value formats keep the file's layout for the 512-bit prefill tile (the
+/// AVX-512 level, with VNNI).
 fn wide() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -381,24 +381,19 @@ fn wide() -> bool {
     false
 }
 
-/// A 32-value format's row against activation row group `g` (`act::GROUP` rows); `wide`:
-/// the AVX-512 VNNI tile.
-fn tile_32(f: Format, wide: bool, w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]) {
+/// A 32-value format's row in the file's layout against activation row group `g`
+/// (`act::GROUP` rows): the AVX-512 VNNI tile (below that level these formats are `rows8`).
+fn tile_32(f: Format, w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]) {
+    assert!(wide(), "the file-order 32-value tile runs only with AVX-512 VNNI");
     #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c, and `wide`
-        // the AVX-512 level (avx512f, avx512bw) with avx512vnni; the row holds `nb` blocks and
-        // the activations hold group `g` whole.
-        unsafe {
-            if wide {
-                by_format!(legacy::avx512::tile, f, (w, nb, a, g, out), [Q8_0, Q4_0, Q4_1, Q5_0], Q5_1)
-            } else {
-                by_format!(legacy::avx2::tile, f, (w, nb, a, g, out), [Q8_0, Q4_0, Q4_1, Q5_0], Q5_1)
-            }
-        }
+    // SAFETY: `wide()` means the AVX-512 level (avx512f, avx512bw) with avx512vnni, and
+    // `available()` (asserted by `matmul`) avx2, fma and f16c; the row holds `nb` blocks and
+    // the activations hold group `g` whole.
+    unsafe {
+        by_format!(legacy::avx512::tile, f, (w, nb, a, g, out), [Q8_0, Q4_0, Q4_1, Q5_0], Q5_1)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (f, wide, w, nb, a, g, out);
+    let _ = (f, w, nb, a, g, out);
 }
 
 /// A k-quant row against activation row group `g` (`act::GROUP` rows).
