@@ -29,15 +29,18 @@ pub fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 pub(super) mod avx2 {
     use super::super::act::{Q8K, GROUP};
-    use super::super::legacy::avx2::{f16_at, hsum, prefetch, reduce32};
+    use super::super::legacy::avx2::{f16_at, prefetch, reduce32};
     use super::super::Format;
     use std::arch::x86_64::*;
 
     /// Row `w` (`nb` blocks of format `F`, a k-quant) against activation rows `r0..r0 + M`.
+    /// Each block's integer sums are reduced exactly and then scaled into one f32 per row, in
+    /// block order, exactly as `tile` does in its lanes: decode and prefill give a row the same
+    /// numbers (the prefix cache relies on it), for one horizontal sum per block and row.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn row<const F: u8, const M: usize>(w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32]) {
         let bytes = Format::from_id(F).bytes();
-        let mut acc = [_mm256_setzero_ps(); M];
+        let mut acc = [0f32; M];
         for b in 0..nb {
             let blk = w.add(b * bytes);
             prefetch(blk, bytes);
@@ -47,9 +50,16 @@ pub(super) mod avx2 {
                 q45k_block::<F, M>(blk, nb, b, a, r0, &mut acc);
             }
         }
-        for r in 0..M {
-            out[r] = hsum(acc[r]);
-        }
+        out[..M].copy_from_slice(&acc);
+    }
+
+    /// The sum of the eight i32 lanes (exact: integer addition in any order).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0x4E>(s));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0xB1>(s)))
     }
 
     /// Row `w` (`nb` blocks of format `F`, a k-quant) against the `GROUP` activation rows of
@@ -112,13 +122,13 @@ pub(super) mod avx2 {
     /// 12 scale bytes, 32 bytes of fifth bits, 128 nibble bytes) block.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q45k_block<const F: u8, const M: usize>(w: *const u8, nb: usize, b: usize, a: &Q8K, r0: usize, acc: &mut [__m256; M]) {
+    unsafe fn q45k_block<const F: u8, const M: usize>(w: *const u8, nb: usize, b: usize, a: &Q8K, r0: usize, acc: &mut [f32; M]) {
         let (isum, msum) = q45k_sums::<F, M>(w, nb, b, a, |r| r0 + r);
         let (d, dmin) = (f16_at(w), f16_at(w.add(2)));
         for r in 0..M {
             let dx = *a.d.get_unchecked((r0 + r) * nb + b);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * dx), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum[r]), _mm256_set1_ps(dmin * dx), acc[r]);
+            acc[r] = (hsum_i32(isum[r]) as f32).mul_add(d * dx, acc[r]);
+            acc[r] = (-(hsum_i32(msum[r]) as f32)).mul_add(dmin * dx, acc[r]);
         }
     }
 
@@ -168,13 +178,13 @@ pub(super) mod avx2 {
     /// scales, d).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q6k_block<const M: usize>(w: *const u8, nb: usize, b: usize, a: &Q8K, r0: usize, acc: &mut [__m256; M]) {
+    unsafe fn q6k_block<const M: usize>(w: *const u8, nb: usize, b: usize, a: &Q8K, r0: usize, acc: &mut [f32; M]) {
         let (isum, off) = q6k_sums::<M>(w, nb, b, a, |r| r0 + r);
         let d = f16_at(w.add(208));
         for r in 0..M {
             // The −32 offset: 32 · Σ_i sc_i · Σx_i.
-            let dot = _mm256_sub_epi32(isum[r], _mm256_slli_epi32::<5>(off[r]));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * *a.d.get_unchecked((r0 + r) * nb + b)), acc[r]);
+            let dot = hsum_i32(_mm256_sub_epi32(isum[r], _mm256_slli_epi32::<5>(off[r])));
+            acc[r] = (dot as f32).mul_add(d * *a.d.get_unchecked((r0 + r) * nb + b), acc[r]);
         }
     }
 
