@@ -1,11 +1,15 @@
-//! f32 weights repacked once at load for AVX-512, and their product with any number of f32
-//! activation rows (candle's GEMM runs its AVX2 kernels on stable Rust, so an AVX-512 machine
-//! prefilled an f32 model at 0.73× llama.cpp's rate). One kernel serves decode and prefill,
-//! as for `bf16`.
+//! f32 weights repacked once at load, and their product with any number of f32 activation
+//! rows: AVX-512 (candle's GEMM runs its AVX2 kernels on stable Rust, so an AVX-512 machine
+//! prefilled an f32 model at 0.73× llama.cpp's rate) and AVX2 + FMA (there candle's GEMM
+//! prefilled at 0.82× llama.cpp's rate on a Zen 3 class VM, and decode took another kernel,
+//! summing in another order, so a prefix from the cache could differ from one computed in a
+//! longer chunk). One kernel serves decode and prefill, as for `bf16`, and a row is summed the
+//! same way whatever shares its pass.
 //!
 //! Layout: panel `p` holds weight rows `16p..16p+16` (zero rows pad the last panel); its line
 //! `i`'s lane `r` holds row `16p+r`'s value `i`. One FMA of a line with activation value `i`
-//! broadcast advances 16 rows by one value. Same bytes as the plain weight (up to the padding).
+//! broadcast advances 16 rows by one value (two 256-bit FMAs with AVX2). Same bytes as the
+//! plain weight (up to the padding).
 
 use super::panels::{Line, Panels, PANEL};
 
@@ -15,14 +19,9 @@ pub struct PackedF32(Panels);
 
 super::panels::panel_weight!(PackedF32);
 
-/// Whether this machine runs the kernel (and the dispatch level allows AVX-512).
+/// Whether this machine runs a kernel at the dispatch level: AVX-512, or AVX2 + FMA.
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::level() == super::Level::Avx512
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    cfg!(target_arch = "x86_64") && super::level() >= super::Level::Avx2
 }
 
 impl PackedF32 {
@@ -42,16 +41,24 @@ impl PackedF32 {
     /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are
     /// shorter than the shapes.
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        assert!(available(), "PackedF32::matmul needs AVX-512");
+        assert!(available(), "PackedF32::matmul needs AVX2 and FMA");
         let (n, k) = (self.0.n, self.0.k);
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedF32::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
+        let wide = super::level() == super::Level::Avx512;
         super::panels::run(n, m, out, |p, g, mg, res| {
+            let (lines, x) = (self.0.panel(p), &x[g * k..(g + mg) * k]);
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `available()` checked avx512f; the panel holds `k` lines and the
-            // activations `mg` rows of `k` from `g`.
+            // SAFETY: `available()` means avx2 and fma, `wide` the AVX-512 level (avx512f); the
+            // panel holds `k` lines and the activations `mg` rows of `k` from `g`.
             unsafe {
-                fma::panel(self.0.panel(p), &x[g * k..(g + mg) * k], k, mg, res)
+                if wide {
+                    fma::panel(lines, x, k, mg, res)
+                } else {
+                    fma256::panel(lines, x, k, mg, res)
+                }
             };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (lines, x, wide, res);
         });
     }
 }
@@ -108,6 +115,55 @@ mod fma {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod fma256 {
+    use super::super::panels::{Line, PANEL};
+    use std::arch::x86_64::*;
+
+    /// Lines ahead to prefetch at batch 1 (4 KiB, as `bf16`).
+    const PREFETCH: usize = 64;
+
+    /// One panel against `mg` activation rows: `res[r * 16 + lane]`, four rows at a time.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn panel(lines: &[Line], x: &[f32], k: usize, mg: usize, res: &mut [f32]) {
+        for r in (0..mg).step_by(4) {
+            let (x, out) = (&x[r * k..], &mut res[r * PANEL..]);
+            match mg - r {
+                1 => rows::<1>(lines, x, k, out),
+                2 => rows::<2>(lines, x, k, out),
+                3 => rows::<3>(lines, x, k, out),
+                _ => rows::<4>(lines, x, k, out),
+            }
+        }
+    }
+
+    /// `M` activation rows against one panel: per row one accumulator for each half line (rows
+    /// 0-7, 8-15), one FMA per value, in value order whatever `M` is. At four rows the eight
+    /// accumulators' FMAs outnumber the loads (two weight halves, four broadcasts), so the FMA
+    /// units set the pace; at one row the stream from memory does.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows<const M: usize>(lines: &[Line], x: &[f32], k: usize, res: &mut [f32]) {
+        let l = lines.as_ptr() as *const f32;
+        let xp = x.as_ptr();
+        let mut acc = [[_mm256_setzero_ps(); 2]; M];
+        for i in 0..k {
+            if M <= 2 {
+                _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add((i + PREFETCH) * PANEL) as *const i8);
+            }
+            let (w0, w1) = (_mm256_load_ps(l.add(i * PANEL)), _mm256_load_ps(l.add(i * PANEL + 8)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xv = _mm256_broadcast_ss(&*xp.add(r * k + i));
+                a[0] = _mm256_fmadd_ps(w0, xv, a[0]);
+                a[1] = _mm256_fmadd_ps(w1, xv, a[1]);
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(res.as_mut_ptr().add(r * PANEL), a[0]);
+            _mm256_storeu_ps(res.as_mut_ptr().add(r * PANEL + 8), a[1]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,7 +174,7 @@ mod tests {
     #[test]
     fn matches_candle_matmul() -> candle_core::Result<()> {
         if !available() {
-            eprintln!("no AVX-512: the unpacked kernels run instead");
+            eprintln!("no AVX2: the unpacked kernels run instead");
             return Ok(());
         }
         for (i, &(m, k, n)) in [(1, 64, 37), (1, 896, 130), (2, 33, 16), (5, 256, 20), (11, 161, 9), (40, 320, 33)].iter().enumerate() {
