@@ -68,8 +68,8 @@ mod fma {
     use super::super::panels::{Line, PANEL};
     use std::arch::x86_64::*;
 
-    /// Lines ahead to prefetch at batch 1 (4 KiB, as `bf16`).
-    const PREFETCH: usize = 64;
+    /// Lines ahead to prefetch at batch 1 (4 KiB, as `bf16`; the AVX2 kernel takes the same).
+    pub(super) const PREFETCH: usize = 64;
 
     /// One panel against `mg` activation rows: `res[r * 16 + lane]`.
     #[target_feature(enable = "avx512f")]
@@ -120,8 +120,7 @@ mod fma256 {
     use super::super::panels::{Line, PANEL};
     use std::arch::x86_64::*;
 
-    /// Lines ahead to prefetch at batch 1 (4 KiB, as `bf16`).
-    const PREFETCH: usize = 64;
+    use super::fma::PREFETCH;
 
     /// One panel against `mg` activation rows: `res[r * 16 + lane]`, four rows at a time.
     #[target_feature(enable = "avx2,fma")]

@@ -308,23 +308,19 @@ impl PackedBlocks {
     }
 }
 
-/// `$row::<F, rows>(w, nb, a, r0, out)` for the format `$f` names, with `rows` (1–4) as a
-/// constant, for each listed format (the last one also takes any other).
+/// `$row::<F, rows>($args…)` for the format `$f` names, with `rows` (1–4) as a constant, for
+/// each listed format (the last one also takes any other).
 #[cfg(target_arch = "x86_64")]
 macro_rules! by_format_and_rows {
-    ($($row:ident)::+, $f:expr, ($w:expr, $nb:expr, $a:expr, $r0:expr, $out:expr, $rows:expr), [$($fmt:ident),*], $last:ident) => {{
+    ($($row:ident)::+, $f:expr, $rows:expr, ($($arg:expr),*), [$($fmt:ident),*], $last:ident) => {{
         macro_rules! go {
             ($F:ident) => {{
                 const F: u8 = Format::$F as u8;
-                // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c; the
-                // row holds `nb` blocks and the activations hold rows `r0..r0 + rows`.
-                unsafe {
-                    match $rows {
-                        1 => $($row)::+::<F, 1>($w, $nb, $a, $r0, $out),
-                        2 => $($row)::+::<F, 2>($w, $nb, $a, $r0, $out),
-                        3 => $($row)::+::<F, 3>($w, $nb, $a, $r0, $out),
-                        _ => $($row)::+::<F, 4>($w, $nb, $a, $r0, $out),
-                    }
+                match $rows {
+                    1 => $($row)::+::<F, 1>($($arg),*),
+                    2 => $($row)::+::<F, 2>($($arg),*),
+                    3 => $($row)::+::<F, 3>($($arg),*),
+                    _ => $($row)::+::<F, 4>($($arg),*),
                 }
             }};
         }
@@ -338,7 +334,11 @@ macro_rules! by_format_and_rows {
 /// A 32-value format's row against `rows` (1–4) activation rows from `r0`.
 fn dispatch_32(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], rows: usize) {
     #[cfg(target_arch = "x86_64")]
-    by_format_and_rows!(legacy::avx2::row, f, (w, nb, a, r0, out, rows), [Q8_0, Q4_0, Q4_1, Q5_0], Q5_1);
+    // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c; the row holds `nb`
+    // blocks and the activations hold rows `r0..r0 + rows`.
+    unsafe {
+        by_format_and_rows!(legacy::avx2::row, f, rows, (w, nb, a, r0, out), [Q8_0, Q4_0, Q4_1, Q5_0], Q5_1)
+    }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (f, w, nb, a, r0, out, rows);
 }
@@ -346,26 +346,7 @@ fn dispatch_32(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut 
 /// A 32-value format's group (`rows8`) against `rows` (1–4) activation rows from `r0`.
 fn rows8_pass(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], rows: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
-        macro_rules! go {
-            ($F:ident) => {{
-                const F: u8 = Format::$F as u8;
-                match rows {
-                    1 => rows8::rows::<F, 1>(w, nb, a, r0, out, PANEL),
-                    2 => rows8::rows::<F, 2>(w, nb, a, r0, out, PANEL),
-                    3 => rows8::rows::<F, 3>(w, nb, a, r0, out, PANEL),
-                    _ => rows8::rows::<F, 4>(w, nb, a, r0, out, PANEL),
-                }
-            }};
-        }
-        match f {
-            Format::Q8_0 => go!(Q8_0),
-            Format::Q4_0 => go!(Q4_0),
-            Format::Q4_1 => go!(Q4_1),
-            Format::Q5_0 => go!(Q5_0),
-            _ => go!(Q5_1),
-        }
-    }
+    by_format_and_rows!(rows8::rows, f, rows, (w, nb, a, r0, out, PANEL), [Q8_0, Q4_0, Q4_1, Q5_0], Q5_1);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (f, w, nb, a, r0, out, rows);
 }
@@ -412,7 +393,10 @@ fn tile_k(f: Format, w: *const u8, nb: usize, a: &Q8K, g: usize, out: &mut [f32]
 fn dispatch_k(f: Format, w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], rows: usize) {
     debug_assert!(f != Format::Q4K, "Q4_K runs on q4k8's groups");
     #[cfg(target_arch = "x86_64")]
-    by_format_and_rows!(kquants::avx2::row, f, (w, nb, a, r0, out, rows), [Q5K], Q6K);
+    // SAFETY: as `dispatch_32`.
+    unsafe {
+        by_format_and_rows!(kquants::avx2::row, f, rows, (w, nb, a, r0, out), [Q5K], Q6K)
+    }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (f, w, nb, a, r0, out, rows);
 }
