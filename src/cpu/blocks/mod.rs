@@ -213,7 +213,7 @@ impl PackedBlocks {
         }
         let row_bytes = k / self.format.values() * self.format.bytes();
         if self.format.values() == 256 {
-            let a = Q8K::quantize(x, m, k);
+            let a = Q8K::quantize(x, m, k, true);
             super::panels::run(n, m, out, |p, g, mg, res| {
                 if mg == act::GROUP && g % act::GROUP == 0 {
                     return self.tiles(p, res, row_bytes, &|w, o| tile_k(self.format, w, k / 256, &a, g / act::GROUP, o));
@@ -222,7 +222,7 @@ impl PackedBlocks {
             });
         } else {
             // The file's layout: the AVX-512 VNNI level (`grouped`).
-            let a = Q8::quantize(x, m, k);
+            let a = Q8::quantize(x, m, k, true);
             super::panels::run(n, m, out, |p, g, mg, res| {
                 // A whole group of activation rows (prefill) takes the eight-row tile.
                 if mg == act::GROUP && g % act::GROUP == 0 {
@@ -236,7 +236,7 @@ impl PackedBlocks {
     /// Q4_K in `q4k8`'s groups.
     fn matmul_q4k8(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let nb = self.k / 256;
-        let a = Q8K::quantize(x, m, self.k);
+        let a = Q8K::quantize(x, m, self.k, false);
         self.groups(m, out, |w, r0, o, rows| {
             #[cfg(target_arch = "x86_64")]
             match rows {
@@ -253,7 +253,7 @@ impl PackedBlocks {
     /// A 32-value format in `rows8`'s groups.
     fn matmul_rows8(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let nb = self.k / 32;
-        let a = Q8::quantize(x, m, self.k);
+        let a = Q8::quantize(x, m, self.k, false);
         self.groups(m, out, |w, r0, o, rows| rows8_pass(self.format, w, nb, &a, r0, o, rows));
     }
 
