@@ -1,13 +1,11 @@
-//! AVX2 dots of the k-quants in the file's row order (Q5_K, Q6_K: 256 values a block; Q4_K
-//! runs on `q4k8`'s interleaved groups, but shares this module's block reading) with `Q8K` activations:
+//! AVX2 dots of the k-quants in the file's row order (Q5_K: 256 values a block; Q4_K and Q6_K
+//! run on `q4k8`'s and `q6k8`'s interleaved groups, Q4_K sharing this module's block reading) with `Q8K` activations:
 //! one weight row against up to four activation rows, each block's values decoded once into
 //! registers and dotted with every row. The sub-block scales multiply in integers
 //! (`vpmaddwd` of the `vpmaddubsw` pairs with the scale), so a block costs one conversion and
 //! one FMA per row:
-//! - Q4_K / Q5_K: `d_x · (d · Σ_j sc_j · Σ u·x − dmin · Σ_j m_j · Σx_j)`, the mins' share from
-//!   the activations' 16-value sums;
-//! - Q6_K: values stored as `u − 32` with a signed scale per 16: `d · d_x · Σ_i sc_i · (Σ u·x
-//!   − 32 · Σx_i)`.
+//! `d_x · (d · Σ_j sc_j · Σ u·x − dmin · Σ_j m_j · Σx_j)`, the mins' share from the
+//! activations' 16-value sums.
 
 /// Sub-block scales and mins of a Q4_K/Q5_K block from its 12 packed bytes, four at a time:
 /// bytes 0–3 hold scales 0–3 in their low 6 bits (and the top bits of scales 4–7), bytes 4–7
@@ -44,11 +42,7 @@ pub(super) mod avx2 {
         for b in 0..nb {
             let blk = w.add(b * bytes);
             prefetch(blk, bytes);
-            if F == Format::Q6K as u8 {
-                q6k_block::<M>(blk, nb, b, a, r0, &mut acc);
-            } else {
-                q45k_block::<F, M>(blk, nb, b, a, r0, &mut acc);
-            }
+            q45k_block::<F, M>(blk, nb, b, a, r0, &mut acc);
         }
         out[..M].copy_from_slice(&acc);
     }
@@ -75,15 +69,9 @@ pub(super) mod avx2 {
             prefetch(blk, bytes);
             let dx = _mm256_loadu_ps(a.d8.as_ptr().add((g * nb + b) * GROUP));
             let rows = |r: usize| g * GROUP + r;
-            if F == Format::Q6K as u8 {
-                let (isum, off) = q6k_sums::<GROUP>(blk, nb, b, a, rows);
-                let dot = _mm256_sub_epi32(reduce32(&isum), _mm256_slli_epi32::<5>(reduce32(&off)));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(_mm256_set1_ps(f16_at(blk.add(208))), dx), acc);
-            } else {
-                let (isum, msum) = q45k_sums::<F, GROUP>(blk, nb, b, a, rows);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce32(&isum)), _mm256_mul_ps(_mm256_set1_ps(f16_at(blk)), dx), acc);
-                acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce32(&msum)), _mm256_mul_ps(_mm256_set1_ps(f16_at(blk.add(2))), dx), acc);
-            }
+            let (isum, msum) = q45k_sums::<F, GROUP>(blk, nb, b, a, rows);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce32(&isum)), _mm256_mul_ps(_mm256_set1_ps(f16_at(blk)), dx), acc);
+            acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(reduce32(&msum)), _mm256_mul_ps(_mm256_set1_ps(f16_at(blk.add(2))), dx), acc);
         }
         _mm256_storeu_ps(out.as_mut_ptr(), acc);
     }
@@ -172,59 +160,5 @@ pub(super) mod avx2 {
             msum[r] = _mm256_madd_epi16(mins, bsums(a, nb, row(r), b));
         }
         (isum, msum)
-    }
-
-    /// One Q6_K block (210 bytes: 128 bytes of low nibbles, 64 of 2-bit highs, 16 signed
-    /// scales, d).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q6k_block<const M: usize>(w: *const u8, nb: usize, b: usize, a: &Q8K, r0: usize, acc: &mut [f32; M]) {
-        let (isum, off) = q6k_sums::<M>(w, nb, b, a, |r| r0 + r);
-        let d = f16_at(w.add(208));
-        for r in 0..M {
-            // The −32 offset: 32 · Σ_i sc_i · Σx_i.
-            let dot = hsum_i32(_mm256_sub_epi32(isum[r], _mm256_slli_epi32::<5>(off[r])));
-            acc[r] = (dot as f32).mul_add(d * *a.d.get_unchecked((r0 + r) * nb + b), acc[r]);
-        }
-    }
-
-    /// A Q6_K block's integer sums against activation rows `row(0..M)`: Σ_i sc_i · Σ u·x and
-    /// Σ_i sc_i · Σx_i (the offset's share, before its factor 32), as eight i32 lanes per row.
-    /// Half `h` of the block is four groups of 32 values: the low nibbles of `ql[64h..64h+32]`
-    /// and `ql[64h+32..64h+64]`, then their high nibbles, with bit pairs 0, 2, 4, 6 of
-    /// `qh[32h..32h+32]` on top.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q6k_sums<const M: usize>(w: *const u8, nb: usize, b: usize, a: &Q8K, row: impl Fn(usize) -> usize) -> ([__m256i; M], [__m256i; M]) {
-        let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
-        let scales = _mm_loadu_si128(w.add(192) as *const __m128i);
-        let mut isum = [_mm256_setzero_si256(); M];
-        for h in 0..2 {
-            let ql0 = _mm256_loadu_si256(w.add(64 * h) as *const __m256i);
-            let ql1 = _mm256_loadu_si256(w.add(64 * h + 32) as *const __m256i);
-            let qh = _mm256_loadu_si256(w.add(128 + 32 * h) as *const __m256i);
-            let groups = [
-                _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m2))),
-                _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2))),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m2))),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m2))),
-            ];
-            for (g, u) in groups.iter().enumerate() {
-                // The group's two scales (one per 16 values), each repeated for its 8 pairs.
-                let t = (8 * h + 2 * g) as i8;
-                let pick = _mm_setr_epi8(t, t, t, t, t, t, t, t, t + 1, t + 1, t + 1, t + 1, t + 1, t + 1, t + 1, t + 1);
-                let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
-                for r in 0..M {
-                    let p = _mm256_maddubs_epi16(*u, x32(a, nb, row(r), b, 128 * h + 32 * g));
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, s));
-                }
-            }
-        }
-        let all = _mm256_cvtepi8_epi16(scales);
-        let mut off = [_mm256_setzero_si256(); M];
-        for r in 0..M {
-            off[r] = _mm256_madd_epi16(all, bsums(a, nb, row(r), b));
-        }
-        (isum, off)
     }
 }

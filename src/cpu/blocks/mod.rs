@@ -8,7 +8,7 @@
 //! cache while every activation row passes over it. Q4_K, the bulk of a Q4_K_M file, has its
 //! blocks interleaved eight rows at a time instead (`q4k8`: the same bits, one widening
 //! multiply per sub-block for eight rows instead of one per row, one kernel for every row count),
-//! and so do the 32-value formats below the AVX-512 VNNI level (`rows8`: the file's blocks
+//! and so does Q6_K (`q6k8`), and the 32-value formats below the AVX-512 VNNI level (`rows8`: the file's blocks
 //! regrouped, eight rows' dots scaled and summed as one vector). With AVX-512 VNNI the
 //! 32-value formats keep the file's layout: `legacy`'s rows at decode, its 512-bit tile at
 //! prefill.
@@ -17,6 +17,7 @@ pub mod act;
 mod kquants;
 mod legacy;
 mod q4k8;
+mod q6k8;
 mod rows8;
 
 use candle_core::quantized::GgmlDType;
@@ -122,12 +123,12 @@ pub struct PackedBlocks {
 
 /// Whether `format` is held in groups of eight interleaved rows at this level.
 fn grouped(format: Format) -> bool {
-    format == Format::Q4K || (format.values() == 32 && !wide())
+    matches!(format, Format::Q4K | Format::Q6K) || (format.values() == 32 && !wide())
 }
 
-/// Rows in a group of `q4k8` and `rows8`.
+/// Rows in a group of `q4k8`, `q6k8` and `rows8`.
 const GROUP_ROWS: usize = q4k8::ROWS;
-const _: () = assert!(rows8::ROWS == GROUP_ROWS);
+const _: () = assert!(rows8::ROWS == GROUP_ROWS && q6k8::ROWS == GROUP_ROWS);
 
 impl std::fmt::Debug for PackedBlocks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -153,6 +154,7 @@ impl PackedBlocks {
         let nb = k / format.values();
         let data = super::pages::huge_filled(Self::held_bytes(format, n, k), part, band, 0u8, |g, out| match format {
             Format::Q4K => q4k8::pack_group(blocks, n, nb, g, out),
+            Format::Q6K => q6k8::pack_group(blocks, n, nb, g, out),
             _ => rows8::pack_group(format, blocks, n, nb, g, out),
         }, |done| super::pages::copied((done * GROUP_ROWS).min(n), n));
         Some(PackedBlocks { format, n, k, grouped: true, data })
@@ -162,6 +164,7 @@ impl PackedBlocks {
     pub fn held_bytes(format: Format, n: usize, k: usize) -> usize {
         match format {
             Format::Q4K => q4k8::bytes(n, k),
+            Format::Q6K => q6k8::bytes(n, k),
             f if grouped(f) => rows8::bytes(f, n, k),
             _ => n * (k / format.values()) * format.bytes(),
         }
@@ -205,8 +208,8 @@ impl PackedBlocks {
         assert!(available(), "PackedBlocks::matmul needs AVX2, FMA and F16C");
         let (n, k) = (self.n, self.k);
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedBlocks::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
-        if self.format == Format::Q4K {
-            return self.matmul_q4k8(x, m, out);
+        if matches!(self.format, Format::Q4K | Format::Q6K) {
+            return self.matmul_k8(x, m, out);
         }
         if self.grouped {
             return self.matmul_rows8(x, m, out);
@@ -233,20 +236,31 @@ impl PackedBlocks {
         }
     }
 
-    /// Q4_K in `q4k8`'s groups.
-    fn matmul_q4k8(&self, x: &[f32], m: usize, out: &mut [f32]) {
+    /// Q4_K in `q4k8`'s groups, Q6_K in `q6k8`'s.
+    fn matmul_k8(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let nb = self.k / 256;
         let a = Q8K::quantize(x, m, self.k, false);
+        let q6 = self.format == Format::Q6K;
         self.groups(m, out, |w, r0, o, rows| {
             #[cfg(target_arch = "x86_64")]
-            match rows {
-                1 => q4k8::rows::<1>(w, nb, &a, r0, o, PANEL),
-                2 => q4k8::rows::<2>(w, nb, &a, r0, o, PANEL),
-                3 => q4k8::rows::<3>(w, nb, &a, r0, o, PANEL),
-                _ => q4k8::rows::<4>(w, nb, &a, r0, o, PANEL),
+            macro_rules! pass {
+                ($kernel:ident) => {
+                    match rows {
+                        1 => $kernel::rows::<1>(w, nb, &a, r0, o, PANEL),
+                        2 => $kernel::rows::<2>(w, nb, &a, r0, o, PANEL),
+                        3 => $kernel::rows::<3>(w, nb, &a, r0, o, PANEL),
+                        _ => $kernel::rows::<4>(w, nb, &a, r0, o, PANEL),
+                    }
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            if q6 {
+                pass!(q6k8)
+            } else {
+                pass!(q4k8)
             }
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (w, nb, &a, r0, o, rows);
+            let _ = (w, nb, &a, r0, o, rows, q6);
         });
     }
 
@@ -377,25 +391,25 @@ fn tile_32(f: Format, w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]
     let _ = (f, w, nb, a, g, out);
 }
 
-/// A k-quant row against activation row group `g` (`act::GROUP` rows).
+/// A k-quant row in the file's order (Q5_K) against activation row group `g` (`act::GROUP` rows).
 fn tile_k(f: Format, w: *const u8, nb: usize, a: &Q8K, g: usize, out: &mut [f32]) {
-    debug_assert!(f != Format::Q4K, "Q4_K runs on q4k8's groups");
+    debug_assert!(f == Format::Q5K, "Q4_K and Q6_K run on q4k8's and q6k8's groups");
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as `tile_32`.
     unsafe {
-        by_format!(kquants::avx2::tile, f, (w, nb, a, g, out), [Q5K], Q6K)
+        by_format!(kquants::avx2::tile, f, (w, nb, a, g, out), [], Q5K)
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (f, w, nb, a, g, out);
 }
 
-/// A k-quant row against `rows` (1–4) activation rows from `r0`.
+/// A k-quant row in the file's order (Q5_K) against `rows` (1–4) activation rows from `r0`.
 fn dispatch_k(f: Format, w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], rows: usize) {
-    debug_assert!(f != Format::Q4K, "Q4_K runs on q4k8's groups");
+    debug_assert!(f == Format::Q5K, "Q4_K and Q6_K run on q4k8's and q6k8's groups");
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as `dispatch_32`.
     unsafe {
-        by_format_and_rows!(kquants::avx2::row, f, rows, (w, nb, a, r0, out), [Q5K], Q6K)
+        by_format_and_rows!(kquants::avx2::row, f, rows, (w, nb, a, r0, out), [], Q5K)
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (f, w, nb, a, r0, out, rows);

@@ -77,7 +77,7 @@ pub fn rows<const R: usize>(w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &m
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 mod avx2 {
     use super::super::act::Q8K;
-    use super::super::legacy::avx2::prefetch;
+    use super::super::legacy::avx2::prefetch_step;
     use super::{BYTES, DMIN, MN, QS, SC};
     use std::arch::x86_64::*;
 
@@ -102,13 +102,13 @@ mod avx2 {
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..nb {
             let blk = w.add(b * BYTES);
-            prefetch(blk, BYTES);
             let x = |r: usize, at: usize| a.q.as_ptr().add((r0 + r) * k + b * 256 + at);
             let mut isum = [_mm256_setzero_si256(); R];
             for c in 0..4 {
                 // Sub-blocks 2c (low nibbles) and 2c + 1 (high), each summed in 16 bits.
                 let (mut lo, mut hi) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
                 for i in 0..8 {
+                    prefetch_step(blk, 8 * c + i, BYTES.div_ceil(32));
                     let q = _mm256_loadu_si256(blk.add(QS + (8 * c + i) * 32) as *const __m256i);
                     let (ql, qh) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
                     for r in 0..R {
