@@ -35,36 +35,55 @@ pub fn bytes(n: usize, k: usize) -> usize {
     n.div_ceil(ROWS) * (k / 256) * BYTES
 }
 
-/// Value `v` (0..256) of a file block: its low nibble and its two high bits.
-fn value(src: &[u8], v: usize) -> (u8, u8) {
+/// A file block's 256 values as their low nibbles and their two high bits, in value order.
+fn split(src: &[u8]) -> ([u8; 256], [u8; 256]) {
     // ggml's order: half `h` (128 values) takes ql[64h..64h+64] and qh[32h..32h+32]; within it
     // value l + 32t (l < 32) is nibble (t / 2) of ql[64h + l + 32 (t % 2)], bits 2t of qh[32h + l].
-    let (h, w) = (v / 128, v % 128);
-    let (t, l) = (w / 32, w % 32);
-    let ql = src[64 * h + l + 32 * (t % 2)];
-    let lo = if t < 2 { ql & 0x0f } else { ql >> 4 };
-    (lo, (src[128 + 32 * h + l] >> (2 * t)) & 3)
+    let (mut lo, mut hi) = ([0u8; 256], [0u8; 256]);
+    for h in 0..2 {
+        let (ql, qh) = (&src[64 * h..64 * h + 64], &src[128 + 32 * h..128 + 32 * h + 32]);
+        for t in 0..4 {
+            let (q, shift) = (&ql[32 * (t % 2)..32 * (t % 2) + 32], 4 * (t / 2));
+            for l in 0..32 {
+                lo[128 * h + 32 * t + l] = (q[l] >> shift) & 0x0f;
+                hi[128 * h + 32 * t + l] = (qh[l] >> (2 * t)) & 3;
+            }
+        }
+    }
+    (lo, hi)
 }
 
-/// Group `g` of the file's rows (`nb` blocks each; rows `>= n` left as the zeros `out` holds)
-/// written into `out` (`nb · BYTES`).
+/// Group `g` of the file's rows (`nb` blocks each; rows `>= n` written as zeros) into `out`
+/// (`nb · BYTES`), each 32-byte line of eight rows written whole, in order.
 pub fn pack_group(blocks: &[u8], n: usize, nb: usize, g: usize, out: &mut [u8]) {
-    let row_bytes = nb * FILE_BYTES;
-    for r in 0..ROWS.min(n - g * ROWS) {
-        let row = &blocks[(g * ROWS + r) * row_bytes..][..row_bytes];
-        for (b, src) in row.chunks_exact(FILE_BYTES).enumerate() {
-            let dst = &mut out[b * BYTES..][..BYTES];
+    let (row_bytes, rows) = (nb * FILE_BYTES, ROWS.min(n - g * ROWS));
+    let (mut lo, mut hi) = ([[0u8; 256]; ROWS], [[0u8; 256]; ROWS]);
+    for b in 0..nb {
+        let dst: &mut [u8; BYTES] = (&mut out[b * BYTES..][..BYTES]).try_into().expect("BYTES");
+        for r in 0..rows {
+            let src = &blocks[(g * ROWS + r) * row_bytes + b * FILE_BYTES..][..FILE_BYTES];
             dst[2 * r..2 * r + 2].copy_from_slice(&src[208..210]);
             for j in 0..16 {
                 dst[SC + 16 * (j / 2) + 2 * r + j % 2] = src[192 + j];
             }
-            for c in 0..4 {
-                for i in 0..8 {
+            (lo[r], hi[r]) = split(src);
+        }
+        for c in 0..4 {
+            for i in 0..8 {
+                let (v, line) = (64 * c + 4 * i, QL + (8 * c + i) * 32);
+                for (lo, dst) in lo.iter().zip(dst[line..line + 32].chunks_exact_mut(4)) {
                     for col in 0..4 {
-                        let ((ql, hl), (qh, hh)) = (value(src, 64 * c + 4 * i + col), value(src, 64 * c + 32 + 4 * i + col));
-                        dst[QL + (8 * c + i) * 32 + 4 * r + col] = ql | qh << 4;
-                        // Step i of pair i / 2: bits 0-3 for the even step, 4-7 for the odd one.
-                        dst[QH + (4 * c + i / 2) * 32 + 4 * r + col] |= (hl | hh << 2) << (4 * (i % 2));
+                        dst[col] = lo[v + col] | lo[v + 32 + col] << 4;
+                    }
+                }
+            }
+            for s in 0..4 {
+                // Steps 2s (bits 0-3) and 2s + 1 (bits 4-7) of the pair.
+                let (v, line) = (64 * c + 8 * s, QH + (4 * c + s) * 32);
+                for (hi, dst) in hi.iter().zip(dst[line..line + 32].chunks_exact_mut(4)) {
+                    for col in 0..4 {
+                        let (even, odd) = (hi[v + col] | hi[v + 32 + col] << 2, hi[v + 4 + col] | hi[v + 36 + col] << 2);
+                        dst[col] = even | odd << 4;
                     }
                 }
             }
