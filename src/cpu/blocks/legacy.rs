@@ -28,7 +28,13 @@ pub(super) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn bit_bytes(bits: u32) -> __m256i {
-        let spread = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303));
+        own_bits(_mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303)))
+    }
+
+    /// 0xFF in byte `i` where bit `i % 8` of byte `i` of `spread` is set.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn own_bits(spread: __m256i) -> __m256i {
         // Every bit but byte i's own set: the OR is all ones exactly when that bit is.
         let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
         _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))

@@ -11,8 +11,12 @@
 //!
 //! A group's block `b` is the file's eight blocks `b` of rows `8g..8g+8` regrouped, the same
 //! bytes: the eight `d` (f16), the eight `m` (the min formats Q4_1, Q5_1), the eight fifth-bit
-//! words (Q5_0, Q5_1), then each row's quants (16 bytes of nibbles, Q8_0's 32 bytes). Rows past
-//! the weight's last are zeros.
+//! words (Q5_0, Q5_1), then the quants (Q8_0: each row's 32 bytes). The 4- and 5-bit formats
+//! hold rows `l` and `l + 4` side by side (quants `[l | l + 4]` in 32 bytes, fifth-bit words in
+//! 8): one 256-bit load and two masks give both rows' low sixteen values and their high
+//! sixteen, each row in a lane, dotted against the activations' halves broadcast to both lanes,
+//! and the lanes' sums land in row order after three horizontal adds (a third of the work of
+//! widening each row's nibbles to a vector of its own). Rows past the weight's last are zeros.
 
 use super::act::Q8;
 use super::Format;
@@ -57,6 +61,11 @@ pub fn bytes(f: Format, n: usize, k: usize) -> usize {
     n.div_ceil(ROWS) * group_bytes(f, k)
 }
 
+/// Where row `r`'s `bytes` go in a part held in pairs of rows `l`, `l + 4`.
+fn pair_at(r: usize, bytes: usize) -> usize {
+    2 * bytes * (r % 4) + bytes * (r / 4)
+}
+
 /// Group `g` of the file's rows (`nb` blocks each; rows `>= n` left as the zeros `out` holds)
 /// written into `out` (`group_bytes`).
 pub fn pack_group(f: Format, blocks: &[u8], n: usize, nb: usize, g: usize, out: &mut [u8]) {
@@ -70,10 +79,12 @@ pub fn pack_group(f: Format, blocks: &[u8], n: usize, nb: usize, g: usize, out: 
             if let Some(at) = fm {
                 dst[p.m + 2 * r..p.m + 2 * r + 2].copy_from_slice(&src[at..at + 2]);
             }
-            if let Some(at) = fqh {
-                dst[p.qh + 4 * r..p.qh + 4 * r + 4].copy_from_slice(&src[at..at + 4]);
+            // Rows l and l + 4 side by side but for Q8_0 (`pair_at`).
+            let at = if f == Format::Q8_0 { 32 * r } else { pair_at(r, 16) };
+            if let Some(src_at) = fqh {
+                dst[p.qh + pair_at(r, 4)..][..4].copy_from_slice(&src[src_at..src_at + 4]);
             }
-            dst[p.qs + p.q_bytes * r..][..p.q_bytes].copy_from_slice(&src[fqs..fqs + p.q_bytes]);
+            dst[p.qs + at..][..p.q_bytes].copy_from_slice(&src[fqs..fqs + p.q_bytes]);
         }
     }
 }
@@ -85,76 +96,118 @@ pub fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: us
     assert!(out.len() >= (R - 1) * stride + ROWS && a.q.len() >= (r0 + R) * nb * 32, "rows8::rows: slices shorter than the shapes");
     // SAFETY: the caller (`PackedBlocks::matmul`) checked avx2, fma and f16c; `w` holds `nb`
     // blocks of the group, and the activations and `out` are long enough (asserted above).
-    unsafe { avx2::rows::<F, R>(w, nb, a, r0, out, stride) }
+    unsafe {
+        if F == Format::Q8_0 as u8 {
+            avx2::rows_q8::<R>(w, nb, a, r0, out, stride)
+        } else {
+            avx2::rows_paired::<F, R>(w, nb, a, r0, out, stride)
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // `r` and `l` index several arrays at once
 mod avx2 {
     use super::super::act::Q8;
-    use super::super::legacy::avx2::{high, nibbles, prefetch, reduce16, reduce32};
+    use super::super::legacy::avx2::{own_bits, prefetch, reduce32};
     use super::super::Format;
     use super::{parts, ROWS};
     use std::arch::x86_64::*;
 
-    /// Row `l`'s 32 values of the group's block at `blk`: unsigned (0..16, 0..32) but for
-    /// Q8_0's signed bytes.
+    /// Pair `k` (rows `k`, `k + 4`) of a 4/5-bit format's block at `blk`, unsigned (0..16,
+    /// 0..32): values 0..16 of row `k` in the low lane and of row `k + 4` in the high one, then
+    /// values 16..32 likewise.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn values<const F: u8>(blk: *const u8, l: usize) -> __m256i {
+    unsafe fn pair<const F: u8>(blk: *const u8, k: usize) -> (__m256i, __m256i) {
         let p = parts(Format::from_id(F));
-        let q = blk.add(p.qs + p.q_bytes * l);
-        match F {
-            f if f == Format::Q8_0 as u8 => _mm256_loadu_si256(q as *const __m256i),
-            f if f == Format::Q5_0 as u8 || f == Format::Q5_1 as u8 => _mm256_or_si256(nibbles(q), high(blk.add(p.qh + 4 * l))),
-            _ => nibbles(q),
+        let m4 = _mm256_set1_epi8(0x0f);
+        let q = _mm256_loadu_si256(blk.add(p.qs + 32 * k) as *const __m256i);
+        let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+        if F != Format::Q5_0 as u8 && F != Format::Q5_1 as u8 {
+            return (lo, hi);
         }
+        // The two rows' fifth-bit words, bytes 0-1 (values 0..16) and 2-3 of each per lane.
+        let words = _mm256_set1_epi64x(blk.add(p.qh + 8 * k).cast::<i64>().read_unaligned());
+        let low = _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0404_0404_0404_0404, 0x0505_0505_0505_0505);
+        let high = _mm256_setr_epi64x(0x0202_0202_0202_0202, 0x0303_0303_0303_0303, 0x0606_0606_0606_0606, 0x0707_0707_0707_0707);
+        (_mm256_or_si256(lo, fifth(_mm256_shuffle_epi8(words, low))), _mm256_or_si256(hi, fifth(_mm256_shuffle_epi8(words, high))))
     }
 
+    /// 0x10 in byte `i` where bit `i % 8` of byte `i` of `spread` is set.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn fifth(spread: __m256i) -> __m256i {
+        _mm256_and_si256(own_bits(spread), _mm256_set1_epi8(0x10))
+    }
+
+    /// The 4/5-bit formats: pairs of rows per vector (the module's notes).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize) {
+    pub unsafe fn rows_paired<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize) {
         let f = Format::from_id(F);
-        let signed = f == Format::Q8_0;
         let min = matches!(f, Format::Q4_1 | Format::Q5_1);
-        let offset = match f {
-            Format::Q4_0 => -8.0,
-            Format::Q5_0 => -16.0,
-            _ => 0.0,
-        };
-        let gb = ROWS * f.bytes();
-        let ones = _mm256_set1_epi16(1);
+        let offset = if f == Format::Q4_0 { -8.0 } else { -16.0 };
+        let (gb, ones) = (ROWS * f.bytes(), _mm256_set1_epi16(1));
         let (mut acc, mut corr) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
         for b in 0..nb {
             let blk = w.add(b * gb);
             prefetch(blk, gb);
-            // Decoded once for every activation row of the pass; Q8_0's magnitudes, its signs
-            // moved onto the activations below (`vpmaddubsw` takes unsigned × signed).
-            let mut u = [_mm256_setzero_si256(); ROWS];
-            for l in 0..ROWS {
-                u[l] = values::<F>(blk, l);
+            let mut u = [(_mm256_setzero_si256(), _mm256_setzero_si256()); ROWS / 2];
+            for k in 0..ROWS / 2 {
+                u[k] = pair::<F>(blk, k);
             }
-            let au = if signed { u.map(|v| _mm256_sign_epi8(v, v)) } else { u };
             let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
             let c = if min { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i)) } else { _mm256_mul_ps(d, _mm256_set1_ps(offset)) };
+            for r in 0..R {
+                let at = (r0 + r) * nb + b;
+                let x = a.q.as_ptr().add(at * 32);
+                let (xl, xh) = (_mm256_broadcastsi128_si256(_mm_loadu_si128(x as *const __m128i)), _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(16) as *const __m128i)));
+                // A lane's pair sums: at most 2 · 31 · 127 each, 15 748 for the two halves,
+                // 31 496 after one horizontal add: still an i16.
+                let p = u.map(|(lo, hi)| _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)));
+                let p01 = _mm256_madd_epi16(_mm256_hadd_epi16(p[0], p[1]), ones);
+                let p23 = _mm256_madd_epi16(_mm256_hadd_epi16(p[2], p[3]), ones);
+                // Lanes: rows 0-3 in the low half, 4-7 in the high one.
+                let sums = _mm256_hadd_epi32(p01, p23);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(*a.d.get_unchecked(at))), acc[r]);
+                // The min formats take `s` through f16, as ggml's `block_q8_1` holds it.
+                corr[r] = _mm256_fmadd_ps(c, _mm256_set1_ps(*a.s.get_unchecked(2 * at + min as usize)), corr[r]);
+            }
+        }
+        for r in 0..R {
+            _mm256_storeu_ps(out.as_mut_ptr().add(r * stride), _mm256_add_ps(acc[r], corr[r]));
+        }
+    }
+
+    /// Q8_0: each row's signed bytes a vector, their signs moved onto the activations
+    /// (`vpmaddubsw` takes unsigned × signed).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn rows_q8<const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize) {
+        let (gb, qs) = (ROWS * Format::Q8_0.bytes(), parts(Format::Q8_0).qs);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            let blk = w.add(b * gb);
+            prefetch(blk, gb);
+            // Decoded once for every activation row of the pass.
+            let mut u = [_mm256_setzero_si256(); ROWS];
+            for l in 0..ROWS {
+                u[l] = _mm256_loadu_si256(blk.add(qs + 32 * l) as *const __m256i);
+            }
+            let au = u.map(|v| _mm256_sign_epi8(v, v));
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
             for r in 0..R {
                 let at = (r0 + r) * nb + b;
                 let x = _mm256_loadu_si256(a.q.as_ptr().add(at * 32) as *const __m256i);
                 let mut p = [_mm256_setzero_si256(); ROWS];
                 for l in 0..ROWS {
-                    let xl = if signed { _mm256_sign_epi8(x, u[l]) } else { x };
-                    let m = _mm256_maddubs_epi16(au[l], xl);
-                    p[l] = if signed { _mm256_madd_epi16(m, ones) } else { m };
+                    p[l] = _mm256_madd_epi16(_mm256_maddubs_epi16(au[l], _mm256_sign_epi8(x, u[l])), ones);
                 }
-                let sums = if signed { reduce32(&p) } else { reduce16(&p) };
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(*a.d.get_unchecked(at))), acc[r]);
-                if !signed {
-                    // The min formats take `s` through f16, as ggml's `block_q8_1` holds it.
-                    corr[r] = _mm256_fmadd_ps(c, _mm256_set1_ps(*a.s.get_unchecked(2 * at + min as usize)), corr[r]);
-                }
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce32(&p)), _mm256_mul_ps(d, _mm256_set1_ps(*a.d.get_unchecked(at))), acc[r]);
             }
         }
         for r in 0..R {
-            _mm256_storeu_ps(out.as_mut_ptr().add(r * stride), _mm256_add_ps(acc[r], corr[r]));
+            _mm256_storeu_ps(out.as_mut_ptr().add(r * stride), acc[r]);
         }
     }
 }
