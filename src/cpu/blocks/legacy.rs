@@ -206,6 +206,13 @@ pub(super) mod avx2 {
         }
     }
 
+    /// Four activation bytes at `p`, in every 32-bit lane (`q4k8`, `q6k8`: one broadcast
+    /// against eight interleaved rows).
+    #[inline(always)]
+    pub unsafe fn four(p: *const i8) -> __m256i {
+        _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
+    }
+
     /// Step `i`'s share of a block's prefetch, `step` bytes a step (at most 128): a group's
     /// block of a kilobyte or more hints a line or two per step of its loop rather than all
     /// at its start, where a burst of 19 or 27 hints stalls on the core's fill buffers (`q6k8`

@@ -8,8 +8,8 @@
 //! cache while every activation row passes over it. Q4_K, the bulk of a Q4_K_M file, has its
 //! blocks interleaved eight rows at a time instead (`q4k8`: the same bits, one widening
 //! multiply per sub-block for eight rows instead of one per row, one kernel for every row count),
-//! and so does Q6_K (`q6k8`), and the 32-value formats below the AVX-512 VNNI level (`rows8`: the file's blocks
-//! regrouped, eight rows' dots scaled and summed as one vector). With AVX-512 VNNI the
+//! and so do Q6_K (`q6k8`) and the 32-value formats below the AVX-512 VNNI level (`rows8`: the
+//! file's blocks regrouped, eight rows' dots scaled and summed as one vector). With AVX-512 VNNI the
 //! 32-value formats keep the file's layout: `legacy`'s rows at decode, its 512-bit tile at
 //! prefill.
 

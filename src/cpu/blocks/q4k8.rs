@@ -77,15 +77,9 @@ pub fn rows<const R: usize>(w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &m
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 mod avx2 {
     use super::super::act::Q8K;
-    use super::super::legacy::avx2::prefetch_step;
+    use super::super::legacy::avx2::{four, prefetch_step};
     use super::{BYTES, DMIN, MN, QS, SC};
     use std::arch::x86_64::*;
-
-    /// Four activation bytes at `p`, in every 32-bit lane.
-    #[inline(always)]
-    unsafe fn four(p: *const i8) -> __m256i {
-        _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
-    }
 
     /// Sub-block `j`'s scales of the eight rows, each in both 16-bit halves of its row's lane.
     #[inline]

@@ -3,9 +3,9 @@
 //! byte, and every 16 values need their own `vpmaddwd` per row. Here the same byte column of
 //! eight rows sits side by side, so one decode of the bits serves eight rows, one broadcast of
 //! four activation bytes multiplies eight rows, and one `vpmaddwd` scales two steps of all
-//! eight rows. The integer sums are exact and the per-block scaling is the file-order
-//! kernel's (`kquants`), so the numbers are the same as there, and a row's numbers never
-//! depend on how many activation rows share its pass (decode and prefill agree).
+//! eight rows. The integer sums are exact and each block is scaled into one f32 per row in
+//! block order (`d · d_x · (Σ sc·Σu·x − 32 · Σ sc·Σx)`), so a row's numbers never depend on
+//! how many activation rows share its pass (decode and prefill agree).
 //!
 //! A group of eight rows holds, for each of its 256-value blocks, 1680 bytes (the file's eight
 //! blocks take as many):
@@ -105,15 +105,9 @@ pub fn rows<const R: usize>(w: *const u8, nb: usize, a: &super::act::Q8K, r0: us
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 mod avx2 {
     use super::super::act::Q8K;
-    use super::super::legacy::avx2::prefetch_step;
+    use super::super::legacy::avx2::{four, prefetch_step};
     use super::{BYTES, QH, QL, SC};
     use std::arch::x86_64::*;
-
-    /// Four activation bytes at `p`, in every 32-bit lane.
-    #[inline(always)]
-    unsafe fn four(p: *const i8) -> __m256i {
-        _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
-    }
 
     /// The scales of sub-blocks `2p` (`ODD` false) or `2p + 1` of the eight rows, each in both
     /// 16-bit halves of its row's lane.
