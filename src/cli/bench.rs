@@ -352,10 +352,24 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     let hi = spec.special.vision_start.min(spec.vocab_size as u32).max(2);
     let ids: Vec<u32> = (0..a.prompt_tokens as u32).map(|i| 1 + (i * 7919) % (hi - 1)).collect();
     let sync = |d: &candle_core::Device| d.synchronize().context("device sync");
+    // The first token (of a warm-up, else of the timed prefill) is where a user's first reply
+    // starts; the float weights it ran from the file are then packed before anything else is
+    // timed (`cpu::repack`), so the timed runs measure the steady state.
+    let mut first_token_s = None;
+    let mut repack_wait_s = 0.0;
+    let mut first_token = || {
+        if first_token_s.is_none() {
+            first_token_s = since_process_start();
+            let t = Instant::now();
+            merg::cpu::repack::wait();
+            repack_wait_s = t.elapsed().as_secs_f64();
+        }
+    };
     for _ in 0..a.warmup {
         let pre = merg::generate::prepare(&*model, &ids, &VisionInput::default())?;
         forward_logits(&*model, &pre, &mut DenseCache::new(), 1)?;
         sync(&device)?;
+        first_token();
     }
     let t0 = Instant::now();
     let pre = merg::generate::prepare(&*model, &ids, &VisionInput::default())?;
@@ -364,6 +378,7 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     let mut tok = logits.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
     sync(&device)?;
     let prefill_s = t0.elapsed().as_secs_f64();
+    first_token();
     let t1 = Instant::now();
     for i in 0..a.decode_tokens {
         let step = decode_inputs(&*model, tok, ids.len() + i, pre.rope_delta)?;
@@ -397,12 +412,27 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
         "decode_bytes_per_token": cost.decode_bytes(mid_context),
         "decode_tokens_per_s": a.decode_tokens as f64 / decode_s,
         "load_s": load_s,
+        "first_token_s": first_token_s,
+        "repack_wait_s": repack_wait_s,
         "memory": memory_facts(after_load, peak_load, memory.peak()),
         "device_memory_used_bytes": merg::memory::device_used(&device),
         "batched": batched,
     });
     merge(&mut rec, facts);
     Ok(rec)
+}
+
+/// Seconds since this process started, from `/proc/self/stat`'s start time and the boot clock
+/// (10 ms resolution), so a first-token time counts the start-up before `main` too; `None`
+/// off Linux.
+fn since_process_start() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which may hold spaces: state is field 3, starttime 22.
+    let start_ticks: f64 = stat[stat.rfind(')')? + 2..].split(' ').nth(22 - 3)?.parse().ok()?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime").ok()?.split_whitespace().next()?.parse().ok()?;
+    // SAFETY: sysconf reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (hz > 0.0).then(|| uptime - start_ticks / hz)
 }
 
 /// Adds `extra`'s fields to the object `rec`.

@@ -46,77 +46,114 @@ impl PackedBf16 {
     /// Repacks a row-major `[n, k]` weight. Panics if `w` is shorter than the shape.
     pub fn pack(w: &[bf16], n: usize, k: usize) -> PackedBf16 {
         assert!(w.len() >= n * k, "PackedBf16::pack: {} values for [{n}, {k}]", w.len());
-        PackedBf16(Panels::new(n, k, k.div_ceil(2), Line([0; 64]), |p, l| {
-            let lanes = super::panels::lanes(l);
-            for r in 0..PANEL.min(n - p * PANEL) {
-                // A lane holds a pair of values, the first in its low half (an odd k leaves the
-                // last high half zero).
-                for (line, pair) in lanes.iter_mut().zip(w[(p * PANEL + r) * k..][..k].chunks(2)) {
-                    let hi = pair.get(1).map_or(0, |v| v.to_bits() as u32);
-                    line[r] = (pair[0].to_bits() as u32 | hi << 16).to_le();
-                }
-            }
-        }))
+        Self::pack_rows(n, k, |r| &w[r * k..][..k])
+    }
+
+    /// Repacks the weight whose row `r` is `row(r)` (`k` values each; rows may lie apart).
+    pub fn pack_rows<'a>(n: usize, k: usize, row: impl Fn(usize) -> &'a [bf16] + Sync) -> PackedBf16 {
+        PackedBf16(Panels::new(n, k, k.div_ceil(2), Line([0; 64]), |p, l| stage(n, &row, p, l)))
     }
 
     /// `out[m, n] = x[m, k] · wᵀ` in f32. Call only when `available()`; panics if the slices
     /// are shorter than the shapes.
     pub fn matmul(&self, x: &[bf16], m: usize, out: &mut [f32]) {
-        assert!(available(), "PackedBf16::matmul needs AVX-512 BF16 or AVX2 + FMA");
-        let (n, k, pairs) = (self.0.n, self.0.k, self.0.k.div_ceil(2));
-        assert!(x.len() >= m * k && out.len() >= m * n, "PackedBf16::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
-        if !avx512() {
-            return self.matmul_fma(x, m, out);
+        let panels = &self.0;
+        product(panels.n, panels.k, x, m, out, |p, f| f(panels.panel(p)), Some(|p: usize| [panels.panel(p), panels.panel(p + 1)]))
+    }
+}
+
+/// `PackedBf16::pack_rows(n, k, row).matmul(x, m, out)` without the packed copy, the same
+/// bits: each panel staged from the rows as the product reaches it (`panels::Staged`; as
+/// `fp32::matmul_rows`). Panels go one at a time (a pair kernel gives the same bits).
+pub fn matmul_rows<'a>(n: usize, k: usize, row: impl Fn(usize) -> &'a [bf16] + Sync, x: &[bf16], m: usize, out: &mut [f32]) {
+    let staged = super::panels::Staged::new(k.div_ceil(2), |p, l: &mut [Line]| stage(n, &row, p, l));
+    product(n, k, x, m, out, |p, f| staged.with(p, f), None::<fn(usize) -> [&'static [Line]; 2]>)
+}
+
+/// Panel `p` of the rows, every byte of its lines: a lane holds a pair of values, the first in
+/// its low half, so a row's pairs are its 32-bit words (an odd k's last lane holds the last
+/// value and a zero; lanes past the last row are zero).
+fn stage<'a>(n: usize, row: &impl Fn(usize) -> &'a [bf16], p: usize, l: &mut [Line]) {
+    let rows: Vec<&[bf16]> = (p * PANEL..n.min(p * PANEL + PANEL)).map(row).collect();
+    let whole = rows.first().map_or(0, |r| r.len() / 2);
+    super::panels::transpose_words(&rows.iter().map(|r| super::panels::as_bytes(r)).collect::<Vec<_>>(), &mut l[..whole]);
+    if let Some(last) = l.get_mut(whole) {
+        let lanes = &mut super::panels::lanes(std::slice::from_mut(last))[0];
+        for (r, lane) in lanes.iter_mut().enumerate() {
+            *lane = rows.get(r).and_then(|row| row.last()).map_or(0, |v| v.to_bits() as u32).to_le();
         }
-        // Activation pairs as the 32-bit values the kernel broadcasts.
-        let mut xp = vec![0u32; m * pairs];
-        for (row, xs) in xp.chunks_exact_mut(pairs).zip(x.chunks_exact(k)) {
-            for (i, v) in xs.iter().enumerate() {
-                row[i / 2] |= (v.to_bits() as u32) << (16 * (i % 2));
-            }
+    }
+}
+
+/// The product over panels that `panel(p, f)` hands to `f`; `pair(p)`, where given, holds
+/// panels `p` and `p + 1` for the two-panel AVX-512 pass.
+fn product<'w>(n: usize, k: usize, x: &[bf16], m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[Line])) + Sync, pair: Option<impl Fn(usize) -> [&'w [Line]; 2] + Sync>) {
+    assert!(available(), "PackedBf16::matmul needs AVX-512 BF16 or AVX2 + FMA");
+    let pairs = k.div_ceil(2);
+    assert!(x.len() >= m * k && out.len() >= m * n, "PackedBf16::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
+    if !avx512() {
+        return product_fma(n, k, x, m, out, panel);
+    }
+    // Activation pairs as the 32-bit values the kernel broadcasts.
+    let mut xp = vec![0u32; m * pairs];
+    for (row, xs) in xp.chunks_exact_mut(pairs).zip(x.chunks_exact(k)) {
+        for (i, v) in xs.iter().enumerate() {
+            row[i / 2] |= (v.to_bits() as u32) << (16 * (i % 2));
         }
-        let one = |p: usize, g: usize, mg: usize, res: &mut [f32]| {
+    }
+    let xp = &xp;
+    let one = |p: usize, g: usize, mg: usize, res: &mut [f32]| {
+        let x = &xp[g * pairs..(g + mg) * pairs];
+        panel(p, &mut |lines| {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `available()` checked avx512f and avx512bf16; the panel holds `pairs`
             // lines and the activations `mg` rows of `pairs` from `g`.
             unsafe {
-                dp::panel(self.0.panel(p), &xp[g * pairs..(g + mg) * pairs], pairs, mg, res)
+                dp::panel(lines, x, pairs, mg, res)
             };
-        };
-        // Two panels per pass once there are several rows: a decode step streams one panel
-        // at a time, which the prefetchers follow best.
-        let two = |p: usize, g: usize, mg: usize, a: &mut [f32], b: &mut [f32]| {
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (lines, x, &res);
+        });
+    };
+    // Two panels per pass once there are several rows: a decode step streams one panel at a
+    // time, which the prefetchers follow best.
+    let two = pair.as_ref().map(|pair| {
+        move |p: usize, g: usize, mg: usize, a: &mut [f32], b: &mut [f32]| {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as `one`, for panels `p` and `p + 1`.
             unsafe {
-                dp::panel_pair([self.0.panel(p), self.0.panel(p + 1)], &xp[g * pairs..(g + mg) * pairs], pairs, mg, [a, b])
-            };
-        };
-        super::panels::run_pairs(n, m, out, one, (m >= PAIR_ROWS).then_some(two));
-    }
-
-    /// `matmul` with AVX2 + FMA: the activations widened to f32 once (rows of `2 · pairs`, a
-    /// zero after an odd `k`), each panel taken up to three activation rows at a time.
-    fn matmul_fma(&self, x: &[bf16], m: usize, out: &mut [f32]) {
-        let (k, pairs) = (self.0.k, self.0.k.div_ceil(2));
-        let stride = 2 * pairs;
-        let mut xf = vec![0f32; m * stride];
-        for (row, xs) in xf.chunks_exact_mut(stride).zip(x.chunks_exact(k)) {
-            for (o, v) in row.iter_mut().zip(xs) {
-                *o = v.to_f32();
-            }
-        }
-        super::panels::run(self.0.n, m, out, |p, g, mg, res| {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `available()` without `avx512()` means Level::Avx2 or above (avx2 and fma
-            // detected); the panel holds `pairs` lines and `xf` rows `g..g + mg` of `stride`.
-            unsafe {
-                fma::panel(self.0.panel(p), &xf[g * stride..(g + mg) * stride], stride, mg, res)
+                dp::panel_pair(pair(p), &xp[g * pairs..(g + mg) * pairs], pairs, mg, [a, b])
             };
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (p, g, mg, res);
-        });
+            let _ = (pair, p, g, mg, a, b);
+        }
+    });
+    super::panels::run_pairs(n, m, out, one, two.filter(|_| m >= PAIR_ROWS));
+}
+
+/// `product` with AVX2 + FMA: the activations widened to f32 once (rows of `2 · pairs`, a zero
+/// after an odd `k`), each panel taken up to three activation rows at a time.
+fn product_fma(n: usize, k: usize, x: &[bf16], m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[Line])) + Sync) {
+    let stride = 2 * k.div_ceil(2);
+    let mut xf = vec![0f32; m * stride];
+    for (row, xs) in xf.chunks_exact_mut(stride).zip(x.chunks_exact(k)) {
+        for (o, v) in row.iter_mut().zip(xs) {
+            *o = v.to_f32();
+        }
     }
+    super::panels::run(n, m, out, |p, g, mg, res| {
+        let x = &xf[g * stride..(g + mg) * stride];
+        panel(p, &mut |lines| {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `available()` without `avx512()` means Level::Avx2 or above (avx2 and fma
+            // detected); the panel holds `pairs` lines and `x` rows `g..g + mg` of `stride`.
+            unsafe {
+                fma::panel(lines, x, stride, mg, res)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (lines, x, &res);
+        });
+    });
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -320,6 +357,28 @@ mod tests {
             let mut got = vec![0f32; m * n];
             packed.matmul(&x[..m * k], m, &mut got);
             assert_eq!(got, all[..m * n], "first {m} rows alone vs among 11");
+        }
+        Ok(())
+    }
+
+    /// A weight staged from its rows as the product goes gives the packed copy's bits (two
+    /// parts, an odd row length, a last panel not whole, decode and prefill row counts).
+    #[test]
+    fn staged_rows_give_the_packed_bits() -> candle_core::Result<()> {
+        if !available() {
+            return Ok(());
+        }
+        let (k, n, split) = (97, 53, 48);
+        let w = crate::testing::randn(64, (n, k), 1.)?.to_dtype(DType::BF16)?.flatten_all()?.to_vec1::<bf16>()?;
+        let (a, b) = w.split_at(split * k);
+        let row = |r: usize| if r < split { &a[r * k..][..k] } else { &b[(r - split) * k..][..k] };
+        let packed = PackedBf16::pack_rows(n, k, row);
+        for m in [1, 2, 9, 20] {
+            let x = crate::testing::randn(65 + m as u64, (m, k), 1.)?.to_dtype(DType::BF16)?.flatten_all()?.to_vec1::<bf16>()?;
+            let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
+            packed.matmul(&x, m, &mut want);
+            matmul_rows(n, k, row, &x, m, &mut got);
+            assert_eq!(got, want, "{m} rows");
         }
         Ok(())
     }

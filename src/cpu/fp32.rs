@@ -28,25 +28,45 @@ impl PackedF32 {
     /// Repacks a row-major `[n, k]` weight. Panics if `w` is shorter than the shape.
     pub fn pack(w: &[f32], n: usize, k: usize) -> PackedF32 {
         assert!(w.len() >= n * k, "PackedF32::pack: {} values for [{n}, {k}]", w.len());
-        PackedF32(Panels::new(n, k, k, Line([0; 64]), |p, l| {
-            let lanes = super::panels::lanes(l);
-            for r in 0..PANEL.min(n - p * PANEL) {
-                for (line, v) in lanes.iter_mut().zip(&w[(p * PANEL + r) * k..][..k]) {
-                    line[r] = v.to_bits().to_le();
-                }
-            }
-        }))
+        Self::pack_rows(n, k, |r| &w[r * k..][..k])
+    }
+
+    /// Repacks the weight whose row `r` is `row(r)` (`k` values each; rows may lie apart, as
+    /// joined q/k/v parts do in a file).
+    pub fn pack_rows<'a>(n: usize, k: usize, row: impl Fn(usize) -> &'a [f32] + Sync) -> PackedF32 {
+        PackedF32(Panels::new(n, k, k, Line([0; 64]), |p, l| stage(n, &row, p, l)))
     }
 
     /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are
     /// shorter than the shapes.
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        assert!(available(), "PackedF32::matmul needs AVX2 and FMA");
-        let (n, k) = (self.0.n, self.0.k);
-        assert!(x.len() >= m * k && out.len() >= m * n, "PackedF32::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
-        let wide = super::level() == super::Level::Avx512;
-        super::panels::run(n, m, out, |p, g, mg, res| {
-            let (lines, x) = (self.0.panel(p), &x[g * k..(g + mg) * k]);
+        product(self.0.n, self.0.k, x, m, out, |p, f| f(self.0.panel(p)))
+    }
+}
+
+/// `PackedF32::pack_rows(n, k, row).matmul(x, m, out)` without the packed copy, the same bits:
+/// each panel is staged from the rows as the product reaches it (`panels::Staged`). For a
+/// weight still in its file; a prefill amortizes the staging over its rows, a decode step
+/// pays about one more pass over the panel from the core's cache.
+pub fn matmul_rows<'a>(n: usize, k: usize, row: impl Fn(usize) -> &'a [f32] + Sync, x: &[f32], m: usize, out: &mut [f32]) {
+    let staged = super::panels::Staged::new(k, |p, l: &mut [Line]| stage(n, &row, p, l));
+    product(n, k, x, m, out, |p, f| staged.with(p, f))
+}
+
+/// Panel `p` of the rows, every byte of its lines (lanes past the last row zero).
+fn stage<'a>(n: usize, row: &impl Fn(usize) -> &'a [f32], p: usize, l: &mut [Line]) {
+    let rows: Vec<&[u8]> = (p * PANEL..n.min(p * PANEL + PANEL)).map(|r| super::panels::as_bytes(row(r))).collect();
+    super::panels::transpose_words(&rows, l)
+}
+
+/// The product over panels that `panel(p, f)` hands to `f`.
+fn product(n: usize, k: usize, x: &[f32], m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[Line])) + Sync) {
+    assert!(available(), "PackedF32::matmul needs AVX2 and FMA");
+    assert!(x.len() >= m * k && out.len() >= m * n, "PackedF32::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
+    let wide = super::level() == super::Level::Avx512;
+    super::panels::run(n, m, out, |p, g, mg, res| {
+        let x = &x[g * k..(g + mg) * k];
+        panel(p, &mut |lines| {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `available()` means avx2 and fma, `wide` the AVX-512 level (avx512f); the
             // panel holds `k` lines and the activations `mg` rows of `k` from `g`.
@@ -58,9 +78,9 @@ impl PackedF32 {
                 }
             };
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (lines, x, wide, res);
+            let _ = (lines, x, wide, &res);
         });
-    }
+    });
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -184,6 +204,29 @@ mod tests {
             let mut got = vec![0f32; m * n];
             packed.matmul(&x.flatten_all()?.to_vec1::<f32>()?, m, &mut got);
             assert_close(&want, &got, 1e-5, &format!("{m}x{k}x{n}"));
+        }
+        Ok(())
+    }
+
+    /// A weight staged from its rows as the product goes gives the packed copy's bits, for
+    /// decode and prefill row counts, rows in two separate parts (a joined q/k/v in a file)
+    /// and a last panel that is not whole.
+    #[test]
+    fn staged_rows_give_the_packed_bits() -> candle_core::Result<()> {
+        if !available() {
+            return Ok(());
+        }
+        let (k, n, split) = (96, 53, 32);
+        let w = crate::testing::randn(62, (n, k), 1.)?.flatten_all()?.to_vec1::<f32>()?;
+        let (a, b) = w.split_at(split * k);
+        let row = |r: usize| if r < split { &a[r * k..][..k] } else { &b[(r - split) * k..][..k] };
+        let packed = PackedF32::pack_rows(n, k, row);
+        for m in [1, 3, 9, 20] {
+            let x = crate::testing::randn(63 + m as u64, (m, k), 1.)?.flatten_all()?.to_vec1::<f32>()?;
+            let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
+            packed.matmul(&x, m, &mut want);
+            matmul_rows(n, k, row, &x, m, &mut got);
+            assert_eq!(got, want, "{m} rows");
         }
         Ok(())
     }

@@ -113,6 +113,132 @@ impl Panels {
     }
 }
 
+/// Fills `lines` (one per 32-bit word of a row) so that lane `r` of line `i` holds word `i` of
+/// `rows[r]` (little-endian; lanes of rows past `rows.len()` zero): the transpose that the
+/// layouts of plain values are (an f32 per lane, a bf16 pair per lane). Every byte of `lines`
+/// is written. Each row must hold at least `4 · lines.len()` bytes.
+pub fn transpose_words(rows: &[&[u8]], lines: &mut [Line]) {
+    assert!(rows.len() <= PANEL && rows.iter().all(|r| r.len() >= 4 * lines.len()), "transpose_words: short rows");
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if super::level() >= super::Level::Avx2 {
+        // SAFETY: the level means avx2 was detected; the rows were checked above.
+        done = unsafe { avx2::transpose(rows, lines) };
+    }
+    let lanes = lanes(&mut lines[done..]);
+    for r in 0..PANEL {
+        let row = rows.get(r).map(|b| &b[4 * done..]);
+        for (i, line) in lanes.iter_mut().enumerate() {
+            line[r] = row.map_or(0, |b| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])).to_le();
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Line, PANEL};
+    use std::arch::x86_64::*;
+
+    /// `transpose_words` for the first multiple of eight words, eight rows by eight words at a
+    /// time (three rounds of shuffles); returns the words done.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn transpose(rows: &[&[u8]], lines: &mut [Line]) -> usize {
+        let words = lines.len() / 8 * 8;
+        let out = lines.as_mut_ptr() as *mut f32;
+        for h in 0..PANEL / 8 {
+            let rs = &rows[(8 * h).min(rows.len())..(8 * h + 8).min(rows.len())];
+            for i in (0..words).step_by(8) {
+                let v: [__m256; 8] = std::array::from_fn(|j| match rs.get(j) {
+                    Some(r) => _mm256_loadu_ps(r.as_ptr().add(4 * i) as *const f32),
+                    None => _mm256_setzero_ps(),
+                });
+                for (j, t) in transpose8(v).into_iter().enumerate() {
+                    _mm256_store_ps(out.add((i + j) * PANEL + 8 * h), t);
+                }
+            }
+        }
+        words
+    }
+
+    /// Rows of eight 32-bit words to columns (bit patterns kept: shuffles only).
+    #[target_feature(enable = "avx2")]
+    unsafe fn transpose8(v: [__m256; 8]) -> [__m256; 8] {
+        let t = [
+            _mm256_unpacklo_ps(v[0], v[1]),
+            _mm256_unpackhi_ps(v[0], v[1]),
+            _mm256_unpacklo_ps(v[2], v[3]),
+            _mm256_unpackhi_ps(v[2], v[3]),
+            _mm256_unpacklo_ps(v[4], v[5]),
+            _mm256_unpackhi_ps(v[4], v[5]),
+            _mm256_unpacklo_ps(v[6], v[7]),
+            _mm256_unpackhi_ps(v[6], v[7]),
+        ];
+        let u = [
+            _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+            _mm256_shuffle_ps::<0xee>(t[0], t[2]),
+            _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+            _mm256_shuffle_ps::<0xee>(t[1], t[3]),
+            _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+            _mm256_shuffle_ps::<0xee>(t[4], t[6]),
+            _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+            _mm256_shuffle_ps::<0xee>(t[5], t[7]),
+        ];
+        [
+            _mm256_permute2f128_ps::<0x20>(u[0], u[4]),
+            _mm256_permute2f128_ps::<0x20>(u[1], u[5]),
+            _mm256_permute2f128_ps::<0x20>(u[2], u[6]),
+            _mm256_permute2f128_ps::<0x20>(u[3], u[7]),
+            _mm256_permute2f128_ps::<0x31>(u[0], u[4]),
+            _mm256_permute2f128_ps::<0x31>(u[1], u[5]),
+            _mm256_permute2f128_ps::<0x31>(u[2], u[6]),
+            _mm256_permute2f128_ps::<0x31>(u[3], u[7]),
+        ]
+    }
+}
+
+/// A slice of plain values as its bytes.
+pub fn as_bytes<T: candle_core::WithDType>(v: &[T]) -> &[u8] {
+    // SAFETY: every WithDType (u8, u32, i64, f16, bf16, f32, f64) is plain data without padding.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+/// A weight not yet in panels, read where it lies (a mapped file): `stage(p, lines)` writes
+/// every byte of panel `p`'s lines exactly as the format's packer does, into the calling
+/// thread's scratch,
+/// so a kernel run on a staged panel gives the same bits as on the packed one. A product's
+/// passes over one panel follow each other on one thread (`run`), so a panel is staged once
+/// per product, not once per pass.
+pub struct Staged<S> {
+    /// This product's own number: scratch left by another product is never taken for it.
+    id: u64,
+    per_panel: usize,
+    stage: S,
+}
+
+thread_local! {
+    /// (product id, panel, its lines) last staged on this thread.
+    static SCRATCH: std::cell::RefCell<(u64, usize, Vec<Line>)> = const { std::cell::RefCell::new((0, 0, Vec::new())) };
+}
+
+impl<S: Fn(usize, &mut [Line]) + Sync> Staged<S> {
+    pub fn new(per_panel: usize, stage: S) -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Staged { id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed), per_panel, stage }
+    }
+
+    /// `f` of panel `p`'s lines, staged unless this thread staged them last.
+    pub fn with<R>(&self, p: usize, f: impl FnOnce(&[Line]) -> R) -> R {
+        SCRATCH.with_borrow_mut(|(id, at, lines)| {
+            if (*id, *at) != (self.id, p) || lines.len() != self.per_panel {
+                lines.resize(self.per_panel, Line([0; 64]));
+                (self.stage)(p, lines);
+                (*id, *at) = (self.id, p);
+            }
+            f(lines)
+        })
+    }
+}
+
 impl std::fmt::Debug for Panels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "[{}, {}] in panels", self.n, self.k)
@@ -159,6 +285,30 @@ pub fn run_pairs(n: usize, m: usize, out: &mut [f32], kernel: impl Fn(usize, usi
         let cols = PANEL.min(n - p * PANEL);
         for r in 0..m {
             out[r * n + p * PANEL..][..cols].copy_from_slice(&t[(p * m + r) * PANEL..][..cols]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lane `r` of line `i` is word `i` of row `r`, zero past the last row, for word counts on
+    /// and off the eight-word blocks (the AVX2 shuffles and the scalar tail), with rows longer
+    /// than the lines and starting at odd byte offsets.
+    #[test]
+    fn transpose_words_puts_word_i_of_row_r_in_lane_r_of_line_i() {
+        let bytes: Vec<u8> = (0..16 * 4 * 40 + 3).map(|i| (i * 7 + i / 251) as u8).collect();
+        for (rows, words) in [(16, 40), (16, 19), (11, 8), (3, 5), (9, 1)] {
+            let rs: Vec<&[u8]> = (0..rows).map(|r| &bytes[1 + r * 4 * 40..]).collect();
+            let mut lines = vec![Line([0xaa; 64]); words];
+            transpose_words(&rs, &mut lines);
+            for (i, line) in lines.iter().enumerate() {
+                for r in 0..PANEL {
+                    let want = rs.get(r).map_or([0; 4], |b| [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+                    assert_eq!(line.0[4 * r..4 * r + 4], want, "{rows} rows, {words} words: line {i} lane {r}");
+                }
+            }
         }
     }
 }

@@ -19,6 +19,8 @@ use crate::cpu::q6_k::PackedQ6K;
 use crate::cpu::q8_0::PackedQ8;
 use crate::weights::{Mapped, Weights};
 
+use super::deferred::Deferred;
+
 #[derive(Clone, Debug)]
 pub struct Linear {
     weight: Weight,
@@ -38,6 +40,8 @@ enum Weight {
     PackedBf16(Arc<PackedBf16>),
     /// f32 in `cpu::fp32`'s panel layout (likewise).
     PackedF32(Arc<PackedF32>),
+    /// f32 or bf16 read from the mapped file until `cpu::repack` has packed it.
+    Deferred(Arc<Deferred>),
     /// Any block format `cpu::blocks` runs, in the file's own blocks (AVX2).
     PackedBlocks(Arc<PackedBlocks>),
 }
@@ -131,14 +135,16 @@ impl Linear {
         if !crate::cpu::host_paths(dev) {
             return None;
         }
+        // Float weights a packed kernel runs: used from the file, packed behind the first tokens.
+        if let Some(d) = Deferred::new(m, dtype) {
+            return Some(Linear { weight: Weight::Deferred(d), bias });
+        }
         // Dense weights no packed kernel takes here stay row-major, copied once onto huge pages.
         fn dense<T: candle_core::WithDType>(m: &Mapped, n: usize, k: usize) -> Option<Weight> {
             let t = Tensor::from_vec(crate::cpu::pages::huge_copy(m.values::<T>()?), (n, k), &candle_core::Device::Cpu).ok()?;
             Some(Weight::Candle(QMatMul::Tensor(t)))
         }
         let pack = || match m.dtype {
-            GgmlDType::F32 if dtype == DType::F32 && crate::cpu::fp32::available() => Some(Weight::PackedF32(Arc::new(PackedF32::pack(m.values()?, n, k)))),
-            GgmlDType::BF16 if dtype == DType::BF16 && crate::cpu::bf16::available() => Some(Weight::PackedBf16(Arc::new(PackedBf16::pack(m.values()?, n, k)))),
             GgmlDType::F32 if dtype == DType::F32 => dense::<f32>(m, n, k),
             GgmlDType::BF16 if dtype == DType::BF16 => dense::<half::bf16>(m, n, k),
             GgmlDType::F16 if dtype == DType::F16 => dense::<half::f16>(m, n, k),
@@ -209,6 +215,7 @@ impl Linear {
             Weight::PackedQ6K(p) => Ok(p.rows()),
             Weight::PackedBf16(p) => Ok(p.rows()),
             Weight::PackedF32(p) => Ok(p.rows()),
+            Weight::Deferred(d) => Ok(d.rows()),
             Weight::PackedBlocks(p) => Ok(p.rows()),
             Weight::Candle(QMatMul::Tensor(w)) => w.dim(0),
             Weight::Candle(QMatMul::TensorF16(w)) => w.dim(0),
@@ -240,6 +247,10 @@ impl Linear {
             [Weight::PackedQ4K(_), ..] => join!(PackedQ4K),
             [Weight::PackedQ6K(_), ..] => join!(PackedQ6K),
             [Weight::PackedBlocks(_), ..] => join!(PackedBlocks),
+            [Weight::Deferred(_), ..] => {
+                let all: Option<Vec<&Deferred>> = parts.iter().map(|p| if let Weight::Deferred(w) = &p.weight { Some(&**w) } else { None }).collect();
+                all.and_then(|a| Deferred::join(&a)).map(Weight::Deferred)
+            }
             _ => {
                 let all: Option<Vec<_>> = parts.iter().map(|p| p.dense_weight()).collect();
                 match all {
@@ -374,6 +385,8 @@ impl Module for Linear {
             Weight::PackedBlocks(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedBf16(p) => return packed(x, (p.rows(), p.cols()), |x: &[half::bf16], m, o| p.matmul(x, m, o), self.bias.as_ref()),
             Weight::PackedF32(p) => return packed(x, (p.rows(), p.cols()), |x: &[f32], m, o| p.matmul(x, m, o), self.bias.as_ref()),
+            Weight::Deferred(d) if d.is_bf16() => return packed(x, (d.rows(), d.cols()), |x: &[half::bf16], m, o| d.matmul_bf16(x, m, o), self.bias.as_ref()),
+            Weight::Deferred(d) => return packed(x, (d.rows(), d.cols()), |x: &[f32], m, o| d.matmul_f32(x, m, o), self.bias.as_ref()),
             Weight::Candle(QMatMul::Tensor(w)) if let Some(y) = cpu_matvec(x, w)? => y,
             Weight::Candle(QMatMul::Tensor(w)) if let Some(y) = cpu_widened_bf16(x, w)? => y,
             // Dense: fold leading dims into rows and use one plain matmul (a broadcast batched

@@ -16,6 +16,7 @@
 #![cfg_attr(not(test), warn(clippy::disallowed_methods))]
 
 pub mod attention;
+pub mod deferred;
 pub mod delta_net;
 pub mod delta_rule;
 pub mod delta_rule_ops;

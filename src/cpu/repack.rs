@@ -1,0 +1,101 @@
+//! Repacking behind the first tokens. A float weight read from a mapped file can be used where
+//! it lies (its panels staged as a product reaches them, `panels::Staged`) while its packed
+//! copy is made here, on one thread, in the order the weights were queued. So a
+//! model answers its first token without first writing gigabytes of fresh memory (on a VM the
+//! first touch of a page dominates: an f32 3B-width file took 4.8× llama.cpp's time to its
+//! first token when every weight was copied before it), and decode reaches the packed
+//! kernels' speed a few seconds later. A weight's numbers are the same bits either way.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, OnceLock, Weak};
+
+/// A weight whose packed copy can be made later.
+pub trait Repack: Send + Sync {
+    /// Makes the packed copy if there is none yet (idempotent; concurrent calls wait for one).
+    fn repack(&self);
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Weak<dyn Repack>>,
+    /// Weights being repacked now (by the thread or by `wait`'s callers).
+    busy: usize,
+}
+
+fn queue() -> &'static (Mutex<Queue>, Condvar) {
+    static Q: OnceLock<(Mutex<Queue>, Condvar)> = OnceLock::new();
+    Q.get_or_init(Default::default)
+}
+
+fn lock() -> std::sync::MutexGuard<'static, Queue> {
+    // A panic while repacking leaves the queue itself consistent.
+    queue().0.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Queues `w` (a weight dropped before its turn is skipped). Nothing runs until `start`.
+pub fn later(w: Weak<dyn Repack>) {
+    lock().waiting.push_back(w);
+    queue().1.notify_all();
+}
+
+/// Starts the repacking thread (once per process; later calls do nothing). Called when a model
+/// has loaded, so weights joined while loading (q/k/v) are repacked joined, not part by part.
+pub fn start() {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    if STARTED.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    // Its own one-thread pool: a repack's parallel copy runs there, on one core, not on the
+    // rayon workers that a step's other work uses. Normal priority: at nice 10 a busy decode
+    // would starve it while products stage their panels (at about half the packed decode
+    // speed on the 2-core VM), and it brought the first token no measurably sooner there.
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(|_| "merg-repack".into()).build();
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    // Without a thread, products keep staging their panels until `wait` repacks them.
+    if let Ok(pool) = pool {
+        POOL.get_or_init(|| pool).spawn(|| {
+            while let Some(w) = next(true) {
+                w.repack();
+                finish();
+            }
+        });
+    }
+}
+
+/// The next live weight to repack, marked busy; `None` when the queue is empty and `block` is
+/// false. With `block` it waits for one (the thread lives as long as the process).
+fn next(block: bool) -> Option<std::sync::Arc<dyn Repack>> {
+    let mut q = lock();
+    loop {
+        while let Some(w) = q.waiting.pop_front() {
+            if let Some(w) = w.upgrade() {
+                q.busy += 1;
+                return Some(w);
+            }
+        }
+        if !block {
+            return None;
+        }
+        q = queue().1.wait(q).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+fn finish() {
+    lock().busy -= 1;
+    queue().1.notify_all();
+}
+
+/// Repacks every queued weight now, on this thread and its rayon pool (all cores), and waits
+/// for any the thread is doing: afterwards every weight runs packed. For measurements of the
+/// steady state (`merg bench`) and tests.
+pub fn wait() {
+    while let Some(w) = next(false) {
+        w.repack();
+        finish();
+    }
+    let mut q = lock();
+    while q.busy > 0 {
+        q = queue().1.wait(q).unwrap_or_else(|e| e.into_inner());
+    }
+}

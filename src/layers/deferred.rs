@@ -1,0 +1,186 @@
+//! A float weight (f32, bf16) of a mapped file, used where it lies until its packed copy is
+//! made behind the first tokens (`cpu::repack`). Until then each product stages the panels it
+//! reaches straight from the file's rows (`cpu::fp32::matmul_rows`, `cpu::bf16::matmul_rows`),
+//! the same bits as the packed kernels give; once the copy exists the file's pages of the
+//! weight are released, so the weight is held once either way.
+
+use std::sync::{Arc, OnceLock};
+
+use candle_core::quantized::GgmlDType;
+use candle_core::DType;
+use half::bf16;
+
+use crate::cpu::bf16::PackedBf16;
+use crate::cpu::fp32::PackedF32;
+use crate::weights::Mapped;
+
+#[derive(Debug)]
+enum Packed {
+    F32(PackedF32),
+    Bf16(PackedBf16),
+}
+
+/// Rows `[n, k]` in one or more mapped parts (a joined q/k/v: its parts' rows in order).
+#[derive(Debug)]
+pub struct Deferred {
+    parts: Vec<Mapped>,
+    /// Each part's first row.
+    starts: Vec<usize>,
+    n: usize,
+    k: usize,
+    bf16: bool,
+    packed: OnceLock<Packed>,
+}
+
+impl Deferred {
+    /// `m` deferred when it is an f32 or bf16 matrix stored in the compute `dtype` whose packed
+    /// kernel runs here; queued for repacking.
+    pub fn new(m: &Mapped, dtype: DType) -> Option<Arc<Deferred>> {
+        let ok = match m.dtype {
+            GgmlDType::F32 => dtype == DType::F32 && crate::cpu::fp32::available() && m.values::<f32>().is_some(),
+            GgmlDType::BF16 => dtype == DType::BF16 && crate::cpu::bf16::available() && m.values::<bf16>().is_some(),
+            _ => false,
+        };
+        let [n, k] = m.dims[..] else { return None };
+        ok.then(|| Self::queued(vec![m.clone()], n, k))
+    }
+
+    /// The parts' rows one after another (q/k/v, gate/up), when all store one type and width.
+    pub fn join(parts: &[&Deferred]) -> Option<Arc<Deferred>> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.bf16 != first.bf16 || p.k != first.k) {
+            return None;
+        }
+        let maps = parts.iter().flat_map(|p| p.parts.iter().cloned()).collect();
+        Some(Self::queued(maps, parts.iter().map(|p| p.n).sum(), first.k))
+    }
+
+    fn queued(parts: Vec<Mapped>, n: usize, k: usize) -> Arc<Deferred> {
+        let starts = parts.iter().scan(0, |at, p| Some(std::mem::replace(at, *at + p.rows()))).collect();
+        let bf16 = parts[0].dtype == GgmlDType::BF16;
+        let d = Arc::new(Deferred { parts, starts, n, k, bf16, packed: OnceLock::new() });
+        let weak: std::sync::Weak<dyn crate::cpu::repack::Repack> = Arc::downgrade(&d) as _;
+        crate::cpu::repack::later(weak);
+        d
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Whether the weight (and so the activations it takes) is bf16.
+    pub fn is_bf16(&self) -> bool {
+        self.bf16
+    }
+
+    /// Row `r` as stored (the type was checked when the part was taken).
+    fn row<T: candle_core::WithDType>(&self, r: usize) -> &[T] {
+        let j = self.starts.partition_point(|&s| s <= r) - 1;
+        let values = self.parts[j].values::<T>().expect("a deferred part holds aligned values of its type");
+        &values[(r - self.starts[j]) * self.k..][..self.k]
+    }
+
+    /// `out[m, n] = x[m, k] · wᵀ` for an f32 weight.
+    pub fn matmul_f32(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        crate::cpu::repack::start();
+        match self.packed.get() {
+            Some(Packed::F32(p)) => p.matmul(x, m, out),
+            _ => crate::cpu::fp32::matmul_rows(self.n, self.k, |r| self.row(r), x, m, out),
+        }
+    }
+
+    /// `out[m, n] = x[m, k] · wᵀ` in f32 for a bf16 weight.
+    pub fn matmul_bf16(&self, x: &[bf16], m: usize, out: &mut [f32]) {
+        crate::cpu::repack::start();
+        match self.packed.get() {
+            Some(Packed::Bf16(p)) => p.matmul(x, m, out),
+            _ => crate::cpu::bf16::matmul_rows(self.n, self.k, |r| self.row(r), x, m, out),
+        }
+    }
+
+}
+
+impl crate::cpu::repack::Repack for Deferred {
+    fn repack(&self) {
+        let pack = || match self.bf16 {
+            true => Packed::Bf16(PackedBf16::pack_rows(self.n, self.k, |r| self.row(r))),
+            false => Packed::F32(PackedF32::pack_rows(self.n, self.k, |r| self.row(r))),
+        };
+        self.packed.get_or_init(|| match &self.parts[..] {
+            // One part: its pages released band by band behind the copy.
+            [one] => crate::cpu::pages::releasing(one.bytes(), pack),
+            _ => pack(),
+        });
+        // Products still staging from the file fault what they read back in (same bytes).
+        for p in &self.parts {
+            crate::cpu::pages::release(p.bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::{Fused, Linear};
+    use candle_core::{Device, Module, Tensor};
+
+    /// `[n, k]` tensors written one after another to a file and mapped back, as a GGUF's are.
+    fn mapped(ts: &[Tensor]) -> candle_core::Result<Vec<Mapped>> {
+        let mut f = tempfile::tempfile()?;
+        let mut at = vec![];
+        let mut bytes = vec![];
+        for t in ts {
+            at.push(bytes.len());
+            let raw: Vec<u8> = match t.dtype() {
+                DType::BF16 => t.flatten_all()?.to_vec1::<bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                _ => t.flatten_all()?.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            };
+            bytes.extend(raw);
+            bytes.resize(bytes.len().next_multiple_of(32), 0);
+        }
+        std::io::Write::write_all(&mut f, &bytes)?;
+        // SAFETY: a private temporary file nobody else writes.
+        let map = Arc::new(unsafe { memmap2::Mmap::map(&f)? });
+        Ok(ts.iter().zip(at).map(|(t, a)| {
+            let dt = if t.dtype() == DType::BF16 { GgmlDType::BF16 } else { GgmlDType::F32 };
+            Mapped::new(map.clone(), a, t.elem_count() * t.dtype().size_in_bytes(), dt, t.dims().to_vec())
+        }).collect())
+    }
+
+    /// Mapped f32 and bf16 layers (q/k/v-like parts joined, with biases) give candle's product
+    /// within rounding, and the same bits before and after their packed copy is made.
+    #[test]
+    fn a_mapped_layer_gives_the_same_bits_before_and_after_repacking() -> candle_core::Result<()> {
+        if !crate::cpu::fp32::available() || !crate::cpu::bf16::available() {
+            return Ok(());
+        }
+        for dtype in [DType::F32, DType::BF16] {
+            let k = 72;
+            let ws: Vec<Tensor> = [40, 8, 8].iter().enumerate().map(|(i, &n)| crate::testing::randn(70 + i as u64, (n, k), 0.3)?.to_dtype(dtype)).collect::<candle_core::Result<_>>()?;
+            let bs: Vec<Tensor> = [40, 8, 8].iter().enumerate().map(|(i, &n)| crate::testing::randn(80 + i as u64, n, 0.3)?.to_dtype(dtype)).collect::<candle_core::Result<_>>()?;
+            let maps = mapped(&ws)?;
+            let parts: Vec<Linear> = maps.iter().zip(&bs).map(|(m, b)| Linear::from_mapped(m, dtype, &Device::Cpu, Some(b.clone())).expect("a deferred layer")).collect();
+            let fused = Fused::new(parts.clone())?;
+            assert!(matches!(fused, Fused::One(..)), "the mapped parts join");
+            for rows in [1, 3, 20] {
+                let x = crate::testing::randn(90 + rows as u64, (rows, k), 1.)?.to_dtype(dtype)?;
+                let before: Vec<Vec<f32>> = fused.forward(&x)?.iter().map(|y| y.to_dtype(DType::F32)?.flatten_all()?.to_vec1()).collect::<candle_core::Result<_>>()?;
+                crate::cpu::repack::wait();
+                let after: Vec<Vec<f32>> = fused.forward(&x)?.iter().map(|y| y.to_dtype(DType::F32)?.flatten_all()?.to_vec1()).collect::<candle_core::Result<_>>()?;
+                assert_eq!(before, after, "{dtype:?}, {rows} rows: staged vs packed");
+                for ((p, w), b) in parts.iter().zip(&ws).zip(&bs) {
+                    let want = candle_nn::Linear::new(w.to_dtype(DType::F32)?, Some(b.to_dtype(DType::F32)?)).forward(&x.to_dtype(DType::F32)?)?;
+                    let got = p.forward(&x)?.to_dtype(DType::F32)?;
+                    let err = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+                    let tol = if dtype == DType::BF16 { 2e-2 } else { 1e-5 } * want.abs()?.max_all()?.to_scalar::<f32>()?;
+                    assert!(err <= tol, "{dtype:?}, {rows} rows: off by {err}");
+                }
+            }
+        }
+        Ok(())
+    }
+}
