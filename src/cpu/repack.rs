@@ -1,6 +1,6 @@
 //! Repacking behind the first tokens. A float weight read from a mapped file can be used where
 //! it lies (its panels staged as a product reaches them, `panels::Staged`) while its packed
-//! copy is made here, on one thread, in the order the weights were queued. So a
+//! copy is made here, on one thread, newest first. So a
 //! model answers its first token without first writing gigabytes of fresh memory (on a VM the
 //! first touch of a page dominates: an f32 3B-width file took 4.8× llama.cpp's time to its
 //! first token when every weight was copied before it), and decode reaches the packed
@@ -68,7 +68,11 @@ pub fn start() {
 fn next(block: bool) -> Option<std::sync::Arc<dyn Repack>> {
     let mut q = lock();
     loop {
-        while let Some(w) = q.waiting.pop_front() {
+        // Newest first: a forward pass walks the weights in the order they were built (and
+        // queued), and a product that reaches a weight while it is being packed waits for it,
+        // so a packer walking the same way paced the first token (2.1 s against 1.0 s on the
+        // 3B-width F32 file); walking back, the two meet once.
+        while let Some(w) = q.waiting.pop_back() {
             if let Some(w) = w.upgrade() {
                 q.busy += 1;
                 return Some(w);

@@ -4,7 +4,7 @@
 //! the same bits as the packed kernels give; once the copy exists the file's pages of the
 //! weight are released, so the weight is held once either way.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use candle_core::quantized::GgmlDType;
 use candle_core::DType;
@@ -30,6 +30,17 @@ pub struct Deferred {
     k: usize,
     bf16: bool,
     packed: OnceLock<Packed>,
+    /// Products staging from the file and the making of the packed copy take turns: a product
+    /// reading the file while the copy is made would fault back the pages the copy releases
+    /// behind it, and the weight would be resident twice (an f32 tied head: 1.2 GB more).
+    gate: Mutex<Gate>,
+    turn: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Gate {
+    staging: usize,
+    packing: bool,
 }
 
 impl Deferred {
@@ -58,7 +69,7 @@ impl Deferred {
     fn queued(parts: Vec<Mapped>, n: usize, k: usize) -> Arc<Deferred> {
         let starts = parts.iter().scan(0, |at, p| Some(std::mem::replace(at, *at + p.rows()))).collect();
         let bf16 = parts[0].dtype == GgmlDType::BF16;
-        let d = Arc::new(Deferred { parts, starts, n, k, bf16, packed: OnceLock::new() });
+        let d = Arc::new(Deferred { parts, starts, n, k, bf16, packed: OnceLock::new(), gate: Mutex::default(), turn: Condvar::new() });
         let weak: std::sync::Weak<dyn crate::cpu::repack::Repack> = Arc::downgrade(&d) as _;
         crate::cpu::repack::later(weak);
         d
@@ -86,39 +97,72 @@ impl Deferred {
 
     /// `out[m, n] = x[m, k] · wᵀ` for an f32 weight.
     pub fn matmul_f32(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        crate::cpu::repack::start();
-        match self.packed.get() {
-            Some(Packed::F32(p)) => p.matmul(x, m, out),
-            _ => crate::cpu::fp32::matmul_rows(self.n, self.k, |r| self.row(r), x, m, out),
-        }
+        let staged = |o: &mut [f32]| crate::cpu::fp32::matmul_rows(self.n, self.k, |r| self.row(r), x, m, o);
+        self.product(out, |p, o| if let Packed::F32(p) = p { p.matmul(x, m, o) }, staged);
     }
 
     /// `out[m, n] = x[m, k] · wᵀ` in f32 for a bf16 weight.
     pub fn matmul_bf16(&self, x: &[bf16], m: usize, out: &mut [f32]) {
+        let staged = |o: &mut [f32]| crate::cpu::bf16::matmul_rows(self.n, self.k, |r| self.row(r), x, m, o);
+        self.product(out, |p, o| if let Packed::Bf16(p) = p { p.matmul(x, m, o) }, staged);
+    }
+
+    /// `packed` of the copy once it exists (waiting for it while it is being made), else
+    /// `staged` from the file.
+    fn product(&self, out: &mut [f32], packed: impl FnOnce(&Packed, &mut [f32]), staged: impl FnOnce(&mut [f32])) {
         crate::cpu::repack::start();
-        match self.packed.get() {
-            Some(Packed::Bf16(p)) => p.matmul(x, m, out),
-            _ => crate::cpu::bf16::matmul_rows(self.n, self.k, |r| self.row(r), x, m, out),
+        if let Some(p) = self.packed.get() {
+            return packed(p, out);
+        }
+        let mut g = self.gate();
+        while g.packing {
+            g = self.turn.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        if let Some(p) = self.packed.get() {
+            drop(g);
+            return packed(p, out);
+        }
+        g.staging += 1;
+        drop(g);
+        staged(out);
+        let mut g = self.gate();
+        g.staging -= 1;
+        if g.staging == 0 {
+            self.turn.notify_all();
         }
     }
 
+    fn gate(&self) -> MutexGuard<'_, Gate> {
+        self.gate.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl crate::cpu::repack::Repack for Deferred {
     fn repack(&self) {
+        let mut g = self.gate();
+        while g.staging > 0 || g.packing {
+            g = self.turn.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        if self.packed.get().is_some() {
+            return;
+        }
+        g.packing = true;
+        drop(g);
         let pack = || match self.bf16 {
             true => Packed::Bf16(PackedBf16::pack_rows(self.n, self.k, |r| self.row(r))),
             false => Packed::F32(PackedF32::pack_rows(self.n, self.k, |r| self.row(r))),
         };
-        self.packed.get_or_init(|| match &self.parts[..] {
+        let packed = match &self.parts[..] {
             // One part: its pages released band by band behind the copy.
             [one] => crate::cpu::pages::releasing(one.bytes(), pack),
             _ => pack(),
-        });
-        // Products still staging from the file fault what they read back in (same bytes).
+        };
+        let _ = self.packed.set(packed);
         for p in &self.parts {
             crate::cpu::pages::release(p.bytes());
         }
+        self.gate().packing = false;
+        self.turn.notify_all();
     }
 }
 
