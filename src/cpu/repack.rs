@@ -56,8 +56,7 @@ pub fn start() {
     if let Ok(pool) = pool {
         POOL.get_or_init(|| pool).spawn(|| {
             while let Some(w) = next(true) {
-                w.repack();
-                finish();
+                run(&*w);
             }
         });
     }
@@ -85,7 +84,10 @@ fn next(block: bool) -> Option<std::sync::Arc<dyn Repack>> {
     }
 }
 
-fn finish() {
+/// `w.repack()`, then the weight no longer counts as busy, even if repacking panicked (that
+/// weight keeps running from the file; the thread goes on with the next).
+fn run(w: &dyn Repack) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.repack()));
     lock().busy -= 1;
     queue().1.notify_all();
 }
@@ -95,8 +97,7 @@ fn finish() {
 /// steady state (`merg bench`) and tests.
 pub fn wait() {
     while let Some(w) = next(false) {
-        w.repack();
-        finish();
+        run(&*w);
     }
     let mut q = lock();
     while q.busy > 0 {

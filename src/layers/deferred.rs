@@ -124,11 +124,25 @@ impl Deferred {
         }
         g.staging += 1;
         drop(g);
+        // Counted out however the product ends, so the packer never waits forever.
+        struct Staging<'a>(&'a Deferred);
+        impl Drop for Staging<'_> {
+            fn drop(&mut self) {
+                let mut g = self.0.gate();
+                g.staging -= 1;
+                if g.staging == 0 {
+                    self.0.turn.notify_all();
+                }
+            }
+        }
+        let _staging = Staging(self);
         staged(out);
-        let mut g = self.gate();
-        g.staging -= 1;
-        if g.staging == 0 {
-            self.turn.notify_all();
+    }
+
+    /// Drops the file's pages of the weight from the resident set (a read faults them back).
+    fn release(&self) {
+        for p in &self.parts {
+            crate::cpu::pages::release(p.bytes());
         }
     }
 
@@ -148,6 +162,16 @@ impl crate::cpu::repack::Repack for Deferred {
         }
         g.packing = true;
         drop(g);
+        // Products waiting for the copy go on (from the file, if it was not made) however
+        // this ends, a panic included.
+        struct Done<'a>(&'a Deferred);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.gate().packing = false;
+                self.0.turn.notify_all();
+            }
+        }
+        let _done = Done(self);
         let pack = || match self.bf16 {
             true => Packed::Bf16(PackedBf16::pack_rows(self.n, self.k, |r| self.row(r))),
             false => Packed::F32(PackedF32::pack_rows(self.n, self.k, |r| self.row(r))),
@@ -158,11 +182,7 @@ impl crate::cpu::repack::Repack for Deferred {
             _ => pack(),
         };
         let _ = self.packed.set(packed);
-        for p in &self.parts {
-            crate::cpu::pages::release(p.bytes());
-        }
-        self.gate().packing = false;
-        self.turn.notify_all();
+        self.release();
     }
 }
 
