@@ -1,8 +1,10 @@
-//! A float weight (f32, bf16) of a mapped file, used where it lies until its packed copy is
-//! made behind the first tokens (`cpu::repack`). Until then each product stages the panels it
-//! reaches straight from the file's rows (`cpu::fp32::matmul_rows`, `cpu::bf16::matmul_rows`),
-//! the same bits as the packed kernels give; once the copy exists the file's pages of the
-//! weight are released, so the weight is held once either way.
+//! A weight of a mapped file (f32, bf16, or blocks that the AVX2 kernels hold in groups of
+//! eight rows), used where it lies until its packed copy is made behind the first tokens
+//! (`cpu::repack`). Until then each product stages the panels it reaches straight from the
+//! file's rows (`cpu::fp32::matmul_rows`, `cpu::bf16::matmul_rows`,
+//! `cpu::blocks::PackedBlocks::matmul_staged`), the same bits as the packed kernels give; once
+//! the copy exists the file's pages of the weight are released, so the weight is held once
+//! either way.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
@@ -11,6 +13,7 @@ use candle_core::DType;
 use half::bf16;
 
 use crate::cpu::bf16::PackedBf16;
+use crate::cpu::blocks::{Format, PackedBlocks};
 use crate::cpu::fp32::PackedF32;
 use crate::weights::Mapped;
 
@@ -18,6 +21,15 @@ use crate::weights::Mapped;
 enum Packed {
     F32(PackedF32),
     Bf16(PackedBf16),
+    Blocks(PackedBlocks),
+}
+
+/// What the file's rows hold.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    F32,
+    Bf16,
+    Blocks(Format),
 }
 
 /// Rows `[n, k]` in one or more mapped parts (a joined q/k/v: its parts' rows in order).
@@ -28,7 +40,7 @@ pub struct Deferred {
     starts: Vec<usize>,
     n: usize,
     k: usize,
-    bf16: bool,
+    kind: Kind,
     packed: OnceLock<Packed>,
     /// Products staging from the file and the making of the packed copy take turns: a product
     /// reading the file while the copy is made would fault back the pages the copy releases
@@ -37,6 +49,9 @@ pub struct Deferred {
     turn: Condvar,
 }
 
+/// Rows in a group of the blocks layouts `Deferred` stages.
+const GROUP: usize = 8;
+
 #[derive(Debug, Default)]
 struct Gate {
     staging: usize,
@@ -44,32 +59,40 @@ struct Gate {
 }
 
 impl Deferred {
-    /// `m` deferred when it is an f32 or bf16 matrix stored in the compute `dtype` whose packed
-    /// kernel runs here; queued for repacking.
+    /// `m` deferred when it is an f32 or bf16 matrix stored in the compute `dtype`, or blocks
+    /// held in groups of eight rows, whose packed kernel runs here; queued for repacking.
     pub fn new(m: &Mapped, dtype: DType) -> Option<Arc<Deferred>> {
-        let ok = match m.dtype {
-            GgmlDType::F32 => dtype == DType::F32 && crate::cpu::fp32::available() && m.values::<f32>().is_some(),
-            GgmlDType::BF16 => dtype == DType::BF16 && crate::cpu::bf16::available() && m.values::<bf16>().is_some(),
-            _ => false,
-        };
         let [n, k] = m.dims[..] else { return None };
-        ok.then(|| Self::queued(vec![m.clone()], n, k))
+        let kind = match m.dtype {
+            GgmlDType::F32 if dtype == DType::F32 && crate::cpu::fp32::available() && m.values::<f32>().is_some() => Kind::F32,
+            GgmlDType::BF16 if dtype == DType::BF16 && crate::cpu::bf16::available() && m.values::<bf16>().is_some() => Kind::Bf16,
+            t if crate::cpu::quant::kernel(t) == Some(crate::cpu::quant::Kernel::Blocks) => {
+                let f = Format::of(t)?;
+                let whole = k > 0 && k.is_multiple_of(f.values()) && m.bytes().len() == n * (k / f.values()) * f.bytes();
+                (whole && PackedBlocks::groups_rows(f)).then_some(Kind::Blocks(f))?
+            }
+            _ => return None,
+        };
+        Some(Self::queued(vec![m.clone()], n, k, kind))
     }
 
-    /// The parts' rows one after another (q/k/v, gate/up), when all store one type and width.
+    /// The parts' rows one after another (q/k/v, gate/up), when all store one type and width
+    /// (blocks: every part but the last whole groups of eight rows).
     pub fn join(parts: &[&Deferred]) -> Option<Arc<Deferred>> {
         let first = parts.first()?;
-        if parts.iter().any(|p| p.bf16 != first.bf16 || p.k != first.k) {
+        if parts.iter().any(|p| p.kind != first.kind || p.k != first.k) {
+            return None;
+        }
+        if matches!(first.kind, Kind::Blocks(_)) && parts[..parts.len() - 1].iter().any(|p| !p.n.is_multiple_of(GROUP)) {
             return None;
         }
         let maps = parts.iter().flat_map(|p| p.parts.iter().cloned()).collect();
-        Some(Self::queued(maps, parts.iter().map(|p| p.n).sum(), first.k))
+        Some(Self::queued(maps, parts.iter().map(|p| p.n).sum(), first.k, first.kind))
     }
 
-    fn queued(parts: Vec<Mapped>, n: usize, k: usize) -> Arc<Deferred> {
+    fn queued(parts: Vec<Mapped>, n: usize, k: usize, kind: Kind) -> Arc<Deferred> {
         let starts = parts.iter().scan(0, |at, p| Some(std::mem::replace(at, *at + p.rows()))).collect();
-        let bf16 = parts[0].dtype == GgmlDType::BF16;
-        let d = Arc::new(Deferred { parts, starts, n, k, bf16, packed: OnceLock::new(), gate: Mutex::default(), turn: Condvar::new() });
+        let d = Arc::new(Deferred { parts, starts, n, k, kind, packed: OnceLock::new(), gate: Mutex::default(), turn: Condvar::new() });
         let weak: std::sync::Weak<dyn crate::cpu::repack::Repack> = Arc::downgrade(&d) as _;
         crate::cpu::repack::later(weak);
         d
@@ -85,7 +108,12 @@ impl Deferred {
 
     /// Whether the weight (and so the activations it takes) is bf16.
     pub fn is_bf16(&self) -> bool {
-        self.bf16
+        self.kind == Kind::Bf16
+    }
+
+    /// Whether the weight is blocks.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.kind, Kind::Blocks(_))
     }
 
     /// Row `r` as stored (the type was checked when the part was taken).
@@ -95,10 +123,24 @@ impl Deferred {
         &values[(r - self.starts[j]) * self.k..][..self.k]
     }
 
-    /// `out[m, n] = x[m, k] · wᵀ` for an f32 weight.
+    /// Group `g` (rows `8g..`, within one part) of a blocks weight, packed into `out`.
+    fn group(&self, f: Format, g: usize, out: &mut [u8]) {
+        let j = self.starts.partition_point(|&s| s <= g * GROUP) - 1;
+        PackedBlocks::pack_group(f, self.parts[j].bytes(), self.k, (g * GROUP - self.starts[j]) / GROUP, out)
+    }
+
+    /// `out[m, n] = x[m, k] · wᵀ` for an f32 or blocks weight (f32 activations).
     pub fn matmul_f32(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        let staged = |o: &mut [f32]| crate::cpu::fp32::matmul_rows(self.n, self.k, |r| self.row(r), x, m, o);
-        self.product(out, |p, o| if let Packed::F32(p) = p { p.matmul(x, m, o) }, staged);
+        let staged = |o: &mut [f32]| match self.kind {
+            Kind::Blocks(f) => PackedBlocks::matmul_staged(f, self.n, self.k, |g, b| self.group(f, g, b), x, m, o),
+            _ => crate::cpu::fp32::matmul_rows(self.n, self.k, |r| self.row(r), x, m, o),
+        };
+        let packed = |p: &Packed, o: &mut [f32]| match p {
+            Packed::F32(p) => p.matmul(x, m, o),
+            Packed::Blocks(p) => p.matmul(x, m, o),
+            Packed::Bf16(_) => unreachable!("a bf16 weight takes bf16 activations"),
+        };
+        self.product(out, packed, staged);
     }
 
     /// `out[m, n] = x[m, k] · wᵀ` in f32 for a bf16 weight.
@@ -172,9 +214,10 @@ impl crate::cpu::repack::Repack for Deferred {
             }
         }
         let _done = Done(self);
-        let pack = || match self.bf16 {
-            true => Packed::Bf16(PackedBf16::pack_rows(self.n, self.k, |r| self.row(r))),
-            false => Packed::F32(PackedF32::pack_rows(self.n, self.k, |r| self.row(r))),
+        let pack = || match self.kind {
+            Kind::Bf16 => Packed::Bf16(PackedBf16::pack_rows(self.n, self.k, |r| self.row(r))),
+            Kind::F32 => Packed::F32(PackedF32::pack_rows(self.n, self.k, |r| self.row(r))),
+            Kind::Blocks(f) => Packed::Blocks(PackedBlocks::pack_groups(f, self.n, self.k, |g, b| self.group(f, g, b))),
         };
         let packed = match &self.parts[..] {
             // One part: its pages released band by band behind the copy.
@@ -192,15 +235,17 @@ mod tests {
     use crate::layers::{Fused, Linear};
     use candle_core::{Device, Module, Tensor};
 
-    /// `[n, k]` tensors written one after another to a file and mapped back, as a GGUF's are.
-    fn mapped(ts: &[Tensor]) -> candle_core::Result<Vec<Mapped>> {
+    /// `[n, k]` tensors written one after another to a file (as Q8_0 blocks with `q8`) and
+    /// mapped back, as a GGUF's are.
+    fn mapped(ts: &[Tensor], q8: bool) -> candle_core::Result<Vec<Mapped>> {
         let mut f = tempfile::tempfile()?;
         let mut at = vec![];
         let mut bytes = vec![];
         for t in ts {
             at.push(bytes.len());
-            let raw: Vec<u8> = match t.dtype() {
-                DType::BF16 => t.flatten_all()?.to_vec1::<bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            let raw: Vec<u8> = match (t.dtype(), q8) {
+                (_, true) => candle_core::quantized::QTensor::quantize(t, GgmlDType::Q8_0)?.data()?.to_vec(),
+                (DType::BF16, _) => t.flatten_all()?.to_vec1::<bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
                 _ => t.flatten_all()?.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
             };
             bytes.extend(raw);
@@ -210,23 +255,28 @@ mod tests {
         // SAFETY: a private temporary file nobody else writes.
         let map = Arc::new(unsafe { memmap2::Mmap::map(&f)? });
         Ok(ts.iter().zip(at).map(|(t, a)| {
-            let dt = if t.dtype() == DType::BF16 { GgmlDType::BF16 } else { GgmlDType::F32 };
-            Mapped::new(map.clone(), a, t.elem_count() * t.dtype().size_in_bytes(), dt, t.dims().to_vec())
+            let (dt, len) = match (t.dtype(), q8) {
+                (_, true) => (GgmlDType::Q8_0, t.elem_count() / 32 * 34),
+                (DType::BF16, _) => (GgmlDType::BF16, t.elem_count() * 2),
+                _ => (GgmlDType::F32, t.elem_count() * 4),
+            };
+            Mapped::new(map.clone(), a, len, dt, t.dims().to_vec())
         }).collect())
     }
 
-    /// Mapped f32 and bf16 layers (q/k/v-like parts joined, with biases) give candle's product
-    /// within rounding, and the same bits before and after their packed copy is made.
+    /// Mapped f32, bf16 and Q8_0 layers (q/k/v-like parts joined, with biases) give candle's
+    /// product within rounding (Q8_0: within its quantization), and the same bits before and
+    /// after their packed copy is made.
     #[test]
     fn a_mapped_layer_gives_the_same_bits_before_and_after_repacking() -> candle_core::Result<()> {
         if !crate::cpu::fp32::available() || !crate::cpu::bf16::available() {
             return Ok(());
         }
-        for dtype in [DType::F32, DType::BF16] {
-            let k = 72;
+        for (dtype, q8) in [(DType::F32, false), (DType::BF16, false), (DType::F32, true)] {
+            let k = if q8 { 64 } else { 72 };
             let ws: Vec<Tensor> = [40, 8, 8].iter().enumerate().map(|(i, &n)| crate::testing::randn(70 + i as u64, (n, k), 0.3)?.to_dtype(dtype)).collect::<candle_core::Result<_>>()?;
             let bs: Vec<Tensor> = [40, 8, 8].iter().enumerate().map(|(i, &n)| crate::testing::randn(80 + i as u64, n, 0.3)?.to_dtype(dtype)).collect::<candle_core::Result<_>>()?;
-            let maps = mapped(&ws)?;
+            let maps = mapped(&ws, q8)?;
             let parts: Vec<Linear> = maps.iter().zip(&bs).map(|(m, b)| Linear::from_mapped(m, dtype, &Device::Cpu, Some(b.clone())).expect("a deferred layer")).collect();
             let fused = Fused::new(parts.clone())?;
             assert!(matches!(fused, Fused::One(..)), "the mapped parts join");
@@ -235,12 +285,12 @@ mod tests {
                 let before: Vec<Vec<f32>> = fused.forward(&x)?.iter().map(|y| y.to_dtype(DType::F32)?.flatten_all()?.to_vec1()).collect::<candle_core::Result<_>>()?;
                 crate::cpu::repack::wait();
                 let after: Vec<Vec<f32>> = fused.forward(&x)?.iter().map(|y| y.to_dtype(DType::F32)?.flatten_all()?.to_vec1()).collect::<candle_core::Result<_>>()?;
-                assert_eq!(before, after, "{dtype:?}, {rows} rows: staged vs packed");
+                assert_eq!(before, after, "{dtype:?} (q8 {q8}), {rows} rows: staged vs packed");
                 for ((p, w), b) in parts.iter().zip(&ws).zip(&bs) {
                     let want = candle_nn::Linear::new(w.to_dtype(DType::F32)?, Some(b.to_dtype(DType::F32)?)).forward(&x.to_dtype(DType::F32)?)?;
                     let got = p.forward(&x)?.to_dtype(DType::F32)?;
                     let err = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
-                    let tol = if dtype == DType::BF16 { 2e-2 } else { 1e-5 } * want.abs()?.max_all()?.to_scalar::<f32>()?;
+                    let tol = if dtype == DType::BF16 || q8 { 2e-2 } else { 1e-5 } * want.abs()?.max_all()?.to_scalar::<f32>()?;
                     assert!(err <= tol, "{dtype:?}, {rows} rows: off by {err}");
                 }
             }

@@ -40,7 +40,8 @@ enum Weight {
     PackedBf16(Arc<PackedBf16>),
     /// f32 in `cpu::fp32`'s panel layout (likewise).
     PackedF32(Arc<PackedF32>),
-    /// f32 or bf16 read from the mapped file until `cpu::repack` has packed it.
+    /// f32, bf16 or AVX2-grouped blocks read from the mapped file until `cpu::repack` has
+    /// packed it.
     Deferred(Arc<Deferred>),
     /// Any block format `cpu::blocks` runs, in the file's own blocks (AVX2).
     PackedBlocks(Arc<PackedBlocks>),
@@ -135,7 +136,8 @@ impl Linear {
         if !crate::cpu::host_paths(dev) {
             return None;
         }
-        // Float weights a packed kernel runs: used from the file, packed behind the first tokens.
+        // Weights a packed kernel runs from staged panels: used from the file, packed behind the
+        // first tokens.
         if let Some(d) = Deferred::new(m, dtype) {
             return Some(Linear { weight: Weight::Deferred(d), bias });
         }
@@ -164,7 +166,10 @@ impl Linear {
     }
 
     pub fn is_quantized(&self) -> bool {
-        matches!(self.weight, Weight::Candle(QMatMul::QTensor(_)) | Weight::PackedQ8(_) | Weight::PackedQ4K(_) | Weight::PackedQ6K(_) | Weight::PackedBlocks(_))
+        match &self.weight {
+            Weight::Deferred(d) => d.is_quantized(),
+            w => matches!(w, Weight::Candle(QMatMul::QTensor(_)) | Weight::PackedQ8(_) | Weight::PackedQ4K(_) | Weight::PackedQ6K(_) | Weight::PackedBlocks(_)),
+        }
     }
 }
 

@@ -147,17 +147,63 @@ impl PackedBlocks {
         if !grouped(format) {
             return Some(PackedBlocks { format, n, k, grouped: false, data: super::pages::huge_copy(&blocks[..len]) });
         }
-        // One part per group of eight rows, written by the worker that packs it; the mapped
-        // rows behind each band are released as it goes (`pages::copied`).
-        let part = Self::held_bytes(format, GROUP_ROWS, k);
-        let band = (super::pages::BAND_BYTES / part).max(1);
+        Some(Self::pack_groups(format, n, k, |g, out| Self::pack_group(format, &blocks[..len], k, g, out)))
+    }
+
+    /// Whether `format` is held in groups of eight rows here (so `pack_groups` and
+    /// `matmul_staged` take it).
+    pub fn groups_rows(format: Format) -> bool {
+        grouped(format)
+    }
+
+    /// Group `g` (rows `8g..`) of the file's rows of `format` in `blocks` (whole rows of `k`
+    /// values) into `out`, as this level holds it.
+    pub fn pack_group(format: Format, blocks: &[u8], k: usize, g: usize, out: &mut [u8]) {
         let nb = k / format.values();
-        let data = super::pages::huge_filled(Self::held_bytes(format, n, k), part, band, 0u8, |g, out| match format {
+        let n = blocks.len() / (nb * format.bytes()).max(1);
+        match format {
             Format::Q4K => q4k8::pack_group(blocks, n, nb, g, out),
             Format::Q6K => q6k8::pack_group(blocks, n, nb, g, out),
             _ => rows8::pack_group(format, blocks, n, nb, g, out),
-        }, |done| super::pages::copied((done * GROUP_ROWS).min(n), n));
-        Some(PackedBlocks { format, n, k, grouped: true, data })
+        }
+    }
+
+    /// A grouped weight from `group(g, out)`, which writes group `g` as `pack_group` does: one
+    /// part per group, written by the worker that packs it; a mapped source's rows behind each
+    /// band are released as it goes (`pages::copied`).
+    pub fn pack_groups(format: Format, n: usize, k: usize, group: impl Fn(usize, &mut [u8]) + Sync) -> PackedBlocks {
+        let part = Self::held_bytes(format, GROUP_ROWS, k);
+        let band = (super::pages::BAND_BYTES / part).max(1);
+        let data = super::pages::huge_filled(Self::held_bytes(format, n, k), part, band, 0u8, group, |done| super::pages::copied((done * GROUP_ROWS).min(n), n));
+        PackedBlocks { format, n, k, grouped: true, data }
+    }
+
+    /// `pack_groups(format, n, k, group).matmul(x, m, out)` without the packed copy, the same
+    /// bits: each 16-row panel's two groups are staged as the product reaches them
+    /// (`panels::Staged`). For a weight still in its file. Call only when `available()` and
+    /// `groups_rows(format)`.
+    pub fn matmul_staged(format: Format, n: usize, k: usize, group: impl Fn(usize, &mut [u8]) + Sync, x: &[f32], m: usize, out: &mut [f32]) {
+        assert!(available() && grouped(format), "PackedBlocks::matmul_staged needs AVX2, FMA and F16C and a grouped format");
+        assert!(x.len() >= m * k && out.len() >= m * n, "PackedBlocks::matmul_staged: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
+        let gb = Self::held_bytes(format, GROUP_ROWS, k);
+        let per_panel = (PANEL / GROUP_ROWS * gb).div_ceil(64);
+        let staged = super::panels::Staged::new(per_panel, |p, lines: &mut [super::panels::Line]| {
+            // SAFETY: a Line is 64 plain bytes; the lines hold `per_panel · 64` bytes.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, lines.len() * 64) };
+            for (h, out) in bytes.chunks_exact_mut(gb).take(PANEL / GROUP_ROWS).enumerate() {
+                let g = p * PANEL / GROUP_ROWS + h;
+                if g * GROUP_ROWS < n {
+                    out.fill(0);
+                    group(g, out);
+                }
+            }
+        });
+        grouped_product(format, n, k, x, m, out, |p, f| {
+            staged.with(p, |lines| {
+                // SAFETY: as above, read-only.
+                f(unsafe { std::slice::from_raw_parts(lines.as_ptr() as *const u8, lines.len() * 64) })
+            })
+        });
     }
 
     /// Bytes an `[n, k]` weight of `format` is held in at this level.
@@ -208,11 +254,8 @@ impl PackedBlocks {
         assert!(available(), "PackedBlocks::matmul needs AVX2, FMA and F16C");
         let (n, k) = (self.n, self.k);
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedBlocks::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
-        if matches!(self.format, Format::Q4K | Format::Q6K) {
-            return self.matmul_k8(x, m, out);
-        }
         if self.grouped {
-            return self.matmul_rows8(x, m, out);
+            return self.matmul_grouped(x, m, out);
         }
         let row_bytes = k / self.format.values() * self.format.bytes();
         if self.format.values() == 256 {
@@ -236,60 +279,11 @@ impl PackedBlocks {
         }
     }
 
-    /// Q4_K in `q4k8`'s groups, Q6_K in `q6k8`'s.
-    fn matmul_k8(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        let nb = self.k / 256;
-        let a = Q8K::quantize(x, m, self.k, false);
-        let q6 = self.format == Format::Q6K;
-        self.groups(m, out, |w, r0, o, rows| {
-            #[cfg(target_arch = "x86_64")]
-            macro_rules! pass {
-                ($kernel:ident) => {
-                    match rows {
-                        1 => $kernel::rows::<1>(w, nb, &a, r0, o, PANEL),
-                        2 => $kernel::rows::<2>(w, nb, &a, r0, o, PANEL),
-                        3 => $kernel::rows::<3>(w, nb, &a, r0, o, PANEL),
-                        _ => $kernel::rows::<4>(w, nb, &a, r0, o, PANEL),
-                    }
-                };
-            }
-            #[cfg(target_arch = "x86_64")]
-            if q6 {
-                pass!(q6k8)
-            } else {
-                pass!(q4k8)
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = (w, nb, &a, r0, o, rows, q6);
-        });
+    /// This weight's groups from `data`: panel `p`'s bytes start at its first group.
+    fn matmul_grouped(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        let gb = Self::held_bytes(self.format, GROUP_ROWS, self.k);
+        grouped_product(self.format, self.n, self.k, x, m, out, |p, f| f(&self.data[p * PANEL / GROUP_ROWS * gb..]));
     }
-
-    /// A 32-value format in `rows8`'s groups.
-    fn matmul_rows8(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        let nb = self.k / 32;
-        let a = Q8::quantize(x, m, self.k, false);
-        self.groups(m, out, |w, r0, o, rows| rows8_pass(self.format, w, nb, &a, r0, o, rows));
-    }
-
-    /// The groups of eight interleaved rows: the two groups of each 16-row panel against the
-    /// activation rows of a pass, four at a time; `pass(group, first_row, out, rows)` writes
-    /// `out[r * 16 + lane]` for the group's eight rows.
-    fn groups(&self, m: usize, out: &mut [f32], pass: impl Fn(*const u8, usize, &mut [f32], usize) + Sync) {
-        let (n, group_bytes) = (self.n, Self::held_bytes(self.format, GROUP_ROWS, self.k));
-        super::panels::run(n, m, out, |p, g, mg, res| {
-            for h in 0..PANEL / GROUP_ROWS {
-                let group = p * PANEL / GROUP_ROWS + h;
-                if group * GROUP_ROWS >= n {
-                    break;
-                }
-                let w = self.data[group * group_bytes..].as_ptr();
-                for r in (0..mg).step_by(4) {
-                    pass(w, g + r, &mut res[r * PANEL + h * GROUP_ROWS..], (mg - r).min(4));
-                }
-            }
-        });
-    }
-
     /// Rows `16p..` against one whole group of activation rows: `tile(row, out)` fills
     /// `out[..GROUP]`, written to `res[r * 16 + lane]`.
     fn tiles(&self, p: usize, res: &mut [f32], row_bytes: usize, tile: &dyn Fn(*const u8, &mut [f32])) {
@@ -415,6 +409,59 @@ fn dispatch_k(f: Format, w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut 
     let _ = (f, w, nb, a, r0, out, rows);
 }
 
+/// A grouped format's product: Q4_K in `q4k8`'s groups, Q6_K in `q6k8`'s, a 32-value format
+/// in `rows8`'s; `panel(p, f)` hands `f` the bytes of 16-row panel `p`'s groups.
+fn grouped_product(format: Format, n: usize, k: usize, x: &[f32], m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[u8])) + Sync) {
+    let nb = k / format.values();
+    if matches!(format, Format::Q4K | Format::Q6K) {
+        let a = Q8K::quantize(x, m, k, false);
+        let q6 = format == Format::Q6K;
+        return groups(format, n, k, m, out, panel, |w, r0, o, rows| {
+            #[cfg(target_arch = "x86_64")]
+            macro_rules! pass {
+                ($kernel:ident) => {
+                    match rows {
+                        1 => $kernel::rows::<1>(w, nb, &a, r0, o, PANEL),
+                        2 => $kernel::rows::<2>(w, nb, &a, r0, o, PANEL),
+                        3 => $kernel::rows::<3>(w, nb, &a, r0, o, PANEL),
+                        _ => $kernel::rows::<4>(w, nb, &a, r0, o, PANEL),
+                    }
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            if q6 {
+                pass!(q6k8)
+            } else {
+                pass!(q4k8)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (w, nb, &a, r0, o, rows, q6);
+        });
+    }
+    let a = Q8::quantize(x, m, k, false);
+    groups(format, n, k, m, out, panel, |w, r0, o, rows| rows8_pass(format, w, nb, &a, r0, o, rows));
+}
+
+/// The groups of eight interleaved rows: the two groups of each 16-row panel against the
+/// activation rows of a pass, four at a time; `pass(group, first_row, out, rows)` writes
+/// `out[r * 16 + lane]` for the group's eight rows.
+fn groups(format: Format, n: usize, k: usize, m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[u8])) + Sync, pass: impl Fn(*const u8, usize, &mut [f32], usize) + Sync) {
+    let group_bytes = PackedBlocks::held_bytes(format, GROUP_ROWS, k);
+    super::panels::run(n, m, out, |p, g, mg, res| {
+        panel(p, &mut |bytes| {
+            for h in 0..PANEL / GROUP_ROWS {
+                if (p * PANEL / GROUP_ROWS + h) * GROUP_ROWS >= n {
+                    break;
+                }
+                let w = bytes[h * group_bytes..][..group_bytes].as_ptr();
+                for r in (0..mg).step_by(4) {
+                    pass(w, g + r, &mut res[r * PANEL + h * GROUP_ROWS..], (mg - r).min(4));
+                }
+            }
+        });
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,6 +522,35 @@ mod tests {
             assert_eq!(got, all, "{f:?} joined");
             let odd = PackedBlocks::pack(f, &blocks, 5, k).unwrap();
             assert_eq!(PackedBlocks::concat(&[&odd, &b]).is_none(), grouped(f), "{f:?}");
+        }
+        Ok(())
+    }
+
+    /// A grouped weight staged from the file's rows as the product goes gives the packed
+    /// copy's bits: decode and prefill row counts, a last panel of one group and a last group
+    /// of fewer than eight rows.
+    #[test]
+    fn staged_groups_give_the_packed_bits() -> candle_core::Result<()> {
+        if !available() {
+            return Ok(());
+        }
+        let k = 512;
+        for dtype in [GgmlDType::Q4K, GgmlDType::Q6K, GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1] {
+            let f = Format::of(dtype).expect("a format");
+            if !PackedBlocks::groups_rows(f) {
+                continue;
+            }
+            for n in [40, 45] {
+                let (x, blocks, _) = crate::cpu::testing::quantized_case(dtype, 20, k, n)?;
+                let group = |g: usize, out: &mut [u8]| PackedBlocks::pack_group(f, &blocks, k, g, out);
+                let packed = PackedBlocks::pack_groups(f, n, k, group);
+                for m in [1, 3, 9, 20] {
+                    let (mut want, mut got) = (vec![0f32; m * n], vec![0f32; m * n]);
+                    packed.matmul(&x, m, &mut want);
+                    PackedBlocks::matmul_staged(f, n, k, group, &x, m, &mut got);
+                    assert_eq!(got, want, "{f:?}, {n} rows, {m} activation rows");
+                }
+            }
         }
         Ok(())
     }
