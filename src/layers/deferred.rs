@@ -194,6 +194,10 @@ impl Deferred {
 }
 
 impl crate::cpu::repack::Repack for Deferred {
+    fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.bytes().len()).sum()
+    }
+
     fn repack(&self) {
         let mut g = self.gate();
         while g.staging > 0 || g.packing {
