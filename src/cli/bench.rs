@@ -353,7 +353,7 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     let ids: Vec<u32> = (0..a.prompt_tokens as u32).map(|i| 1 + (i * 7919) % (hi - 1)).collect();
     let sync = |d: &candle_core::Device| d.synchronize().context("device sync");
     // The first token (of a warm-up, else of the timed prefill) is where a user's first reply
-    // starts; the float weights it ran from the file are then packed before anything else is
+    // starts; the weights it ran from the file are then packed before anything else is
     // timed (`cpu::repack`), so the timed runs measure the steady state.
     let mut first_token_s = None;
     let mut repack_wait_s = 0.0;

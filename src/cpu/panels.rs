@@ -204,10 +204,9 @@ pub fn as_bytes<T: candle_core::WithDType>(v: &[T]) -> &[u8] {
 
 /// A weight not yet in panels, read where it lies (a mapped file): `stage(p, lines)` writes
 /// every byte of panel `p`'s lines exactly as the format's packer does, into the calling
-/// thread's scratch,
-/// so a kernel run on a staged panel gives the same bits as on the packed one. A product's
-/// passes over one panel follow each other on one thread (`run`), so a panel is staged once
-/// per product, not once per pass.
+/// thread's scratch, so a kernel run on a staged panel gives the same bits as on the packed
+/// one. A product's passes over one panel follow each other on one thread (`run`), so a panel
+/// is staged once per product, not once per pass.
 pub struct Staged<S> {
     /// This product's own number: scratch left by another product is never taken for it.
     id: u64,

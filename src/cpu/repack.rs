@@ -1,7 +1,7 @@
-//! Repacking behind the first tokens. A float weight read from a mapped file can be used where
-//! it lies (its panels staged as a product reaches them, `panels::Staged`) while its packed
-//! copy is made here, on one thread, newest first. So a
-//! model answers its first token without first writing gigabytes of fresh memory (on a VM the
+//! Repacking behind the first tokens. A weight read from a mapped file can be used where it
+//! lies (its panels staged as a product reaches them, `panels::Staged`) while its packed copy
+//! is made here, on one thread, newest first. So a model answers its first token without
+//! first writing gigabytes of fresh memory (on a VM the
 //! first touch of a page dominates: an f32 3B-width file took 4.8× llama.cpp's time to its
 //! first token when every weight was copied before it), and decode reaches the packed
 //! kernels' speed a few seconds later. A weight's numbers are the same bits either way.
@@ -14,13 +14,12 @@ use std::sync::{Condvar, Mutex, OnceLock, Weak};
 pub trait Repack: Send + Sync {
     /// Makes the packed copy if there is none yet (idempotent; concurrent calls wait for one).
     fn repack(&self);
-    /// Bytes it reads (its size in the file).
-    fn bytes(&self) -> usize;
 }
 
 #[derive(Default)]
 struct Queue {
-    waiting: VecDeque<Weak<dyn Repack>>,
+    /// Each weight with its size in the file.
+    waiting: VecDeque<(usize, Weak<dyn Repack>)>,
     /// Weights being repacked now (by the thread or by `wait`'s callers).
     busy: usize,
 }
@@ -35,9 +34,10 @@ fn lock() -> std::sync::MutexGuard<'static, Queue> {
     queue().0.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Queues `w` (a weight dropped before its turn is skipped). Nothing runs until `start`.
-pub fn later(w: Weak<dyn Repack>) {
-    lock().waiting.push_back(w);
+/// Queues `w`, `bytes` in the file (a weight dropped before its turn is skipped). Nothing runs
+/// until `start`.
+pub fn later(w: Weak<dyn Repack>, bytes: usize) {
+    lock().waiting.push_back((bytes, w));
     queue().1.notify_all();
 }
 
@@ -76,8 +76,8 @@ fn next(block: bool) -> Option<std::sync::Arc<dyn Repack>> {
         // the whole vocabulary, built last) goes last: the first forward pass reaches it at
         // its end and would otherwise wait for its whole packing (the 27B-width file's 1 GB
         // Q6_K head: first token 1.64 s against llama.cpp's 1.47 s).
-        q.waiting.retain(|w| w.strong_count() > 0);
-        let largest = q.waiting.iter().enumerate().filter_map(|(i, w)| Some((w.upgrade()?.bytes(), i))).max().map(|(_, i)| i);
+        q.waiting.retain(|(_, w)| w.strong_count() > 0);
+        let largest = q.waiting.iter().enumerate().map(|(i, (bytes, _))| (*bytes, i)).max().map(|(_, i)| i);
         let pick = match (q.waiting.len(), largest) {
             (0, _) => None,
             (n, Some(l)) if n > 1 && l == n - 1 => Some(n - 2),
@@ -85,7 +85,7 @@ fn next(block: bool) -> Option<std::sync::Arc<dyn Repack>> {
         };
         if let Some(i) = pick {
             // (A weight dropped since the count above is skipped.)
-            if let Some(w) = q.waiting.remove(i).and_then(|w| w.upgrade()) {
+            if let Some(w) = q.waiting.remove(i).and_then(|(_, w)| w.upgrade()) {
                 q.busy += 1;
                 return Some(w);
             }

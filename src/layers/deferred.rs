@@ -13,7 +13,7 @@ use candle_core::DType;
 use half::bf16;
 
 use crate::cpu::bf16::PackedBf16;
-use crate::cpu::blocks::{Format, PackedBlocks};
+use crate::cpu::blocks::{Format, PackedBlocks, GROUP_ROWS as GROUP};
 use crate::cpu::fp32::PackedF32;
 use crate::weights::Mapped;
 
@@ -49,9 +49,6 @@ pub struct Deferred {
     turn: Condvar,
 }
 
-/// Rows in a group of the blocks layouts `Deferred` stages.
-const GROUP: usize = 8;
-
 #[derive(Debug, Default)]
 struct Gate {
     staging: usize,
@@ -68,8 +65,7 @@ impl Deferred {
             GgmlDType::BF16 if dtype == DType::BF16 && crate::cpu::bf16::available() && m.values::<bf16>().is_some() => Kind::Bf16,
             t if crate::cpu::quant::kernel(t) == Some(crate::cpu::quant::Kernel::Blocks) => {
                 let f = Format::of(t)?;
-                let whole = k > 0 && k.is_multiple_of(f.values()) && m.bytes().len() == n * (k / f.values()) * f.bytes();
-                (whole && PackedBlocks::groups_rows(f)).then_some(Kind::Blocks(f))?
+                (PackedBlocks::whole_blocks(f, m.bytes(), n, k) && PackedBlocks::groups_rows(f)).then_some(Kind::Blocks(f))?
             }
             _ => return None,
         };
@@ -94,7 +90,7 @@ impl Deferred {
         let starts = parts.iter().scan(0, |at, p| Some(std::mem::replace(at, *at + p.rows()))).collect();
         let d = Arc::new(Deferred { parts, starts, n, k, kind, packed: OnceLock::new(), gate: Mutex::default(), turn: Condvar::new() });
         let weak: std::sync::Weak<dyn crate::cpu::repack::Repack> = Arc::downgrade(&d) as _;
-        crate::cpu::repack::later(weak);
+        crate::cpu::repack::later(weak, d.parts.iter().map(|p| p.bytes().len()).sum());
         d
     }
 
@@ -194,10 +190,6 @@ impl Deferred {
 }
 
 impl crate::cpu::repack::Repack for Deferred {
-    fn bytes(&self) -> usize {
-        self.parts.iter().map(|p| p.bytes().len()).sum()
-    }
-
     fn repack(&self) {
         let mut g = self.gate();
         while g.staging > 0 || g.packing {

@@ -240,9 +240,12 @@ impl Linear {
         // Every part packed in the same format (the variant is named after its type): their
         // panels joined; `None` if a part differs or is not whole panels.
         macro_rules! join {
-            ($packed:ident) => {{
+            ($packed:ident) => {
+                join!($packed, |a: Vec<&$packed>| $packed::concat(&a).map(Arc::new))
+            };
+            ($packed:ident, $join:expr) => {{
                 let all: Option<Vec<&$packed>> = parts.iter().map(|p| if let Weight::$packed(w) = &p.weight { Some(&**w) } else { None }).collect();
-                all.and_then(|a| $packed::concat(&a)).map(|w| Weight::$packed(Arc::new(w)))
+                all.and_then($join).map(Weight::$packed)
             }};
         }
         let weight = match parts.iter().map(|p| &p.weight).collect::<Vec<_>>().as_slice() {
@@ -252,10 +255,7 @@ impl Linear {
             [Weight::PackedQ4K(_), ..] => join!(PackedQ4K),
             [Weight::PackedQ6K(_), ..] => join!(PackedQ6K),
             [Weight::PackedBlocks(_), ..] => join!(PackedBlocks),
-            [Weight::Deferred(_), ..] => {
-                let all: Option<Vec<&Deferred>> = parts.iter().map(|p| if let Weight::Deferred(w) = &p.weight { Some(&**w) } else { None }).collect();
-                all.and_then(|a| Deferred::join(&a)).map(Weight::Deferred)
-            }
+            [Weight::Deferred(_), ..] => join!(Deferred, |a: Vec<&Deferred>| Deferred::join(&a)),
             _ => {
                 let all: Option<Vec<_>> = parts.iter().map(|p| p.dense_weight()).collect();
                 match all {

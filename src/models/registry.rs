@@ -55,7 +55,7 @@ pub fn load(config: &Value, weights: Weights) -> Result<Arc<dyn Model>> {
     let task = crate::progress::task(&format!("loading {}", weights.describe()), weights.tensor_count().map(|n| n as u64), "tensors");
     let model = family.build(weights.clone().tracked(task))?;
     weights.release_mappings();
-    // Float weights used from the file get their packed copies from here on (`cpu::repack`).
+    // Weights used from the file get their packed copies from here on (`cpu::repack`).
     crate::cpu::repack::start();
     Ok(Arc::new(model))
 }

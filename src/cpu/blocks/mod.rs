@@ -127,7 +127,7 @@ fn grouped(format: Format) -> bool {
 }
 
 /// Rows in a group of `q4k8`, `q6k8` and `rows8`.
-const GROUP_ROWS: usize = q4k8::ROWS;
+pub const GROUP_ROWS: usize = q4k8::ROWS;
 const _: () = assert!(rows8::ROWS == GROUP_ROWS && q6k8::ROWS == GROUP_ROWS);
 
 impl std::fmt::Debug for PackedBlocks {
@@ -140,14 +140,19 @@ impl PackedBlocks {
     /// `n` rows of `k` values from the file's blocks. `None` when `k` is not whole blocks or
     /// `blocks` is shorter than the shape says.
     pub fn pack(format: Format, blocks: &[u8], n: usize, k: usize) -> Option<PackedBlocks> {
-        let len = n * (k / format.values()) * format.bytes();
-        if k == 0 || !k.is_multiple_of(format.values()) || blocks.len() < len {
+        if !Self::whole_blocks(format, blocks, n, k) {
             return None;
         }
+        let len = n * (k / format.values()) * format.bytes();
         if !grouped(format) {
             return Some(PackedBlocks { format, n, k, grouped: false, data: super::pages::huge_copy(&blocks[..len]) });
         }
         Some(Self::pack_groups(format, n, k, |g, out| Self::pack_group(format, &blocks[..len], k, g, out)))
+    }
+
+    /// Whether `blocks` holds `n` rows of `k` values of `format` in whole blocks (at least).
+    pub fn whole_blocks(format: Format, blocks: &[u8], n: usize, k: usize) -> bool {
+        k > 0 && k.is_multiple_of(format.values()) && blocks.len() >= n * (k / format.values()) * format.bytes()
     }
 
     /// Whether `format` is held in groups of eight rows here (so `pack_groups` and
