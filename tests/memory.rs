@@ -137,3 +137,18 @@ fn each_format_is_held_once() {
         assert!(more_file <= 4 * MIB, "{src} (bf16 {bf16}): {} MiB more of the file resident after loading", more_file / MIB);
     }
 }
+
+/// Writes the widened Q4_K_M files above, the 2-layer one and the 32-layer, 32×-wider one
+/// (each in its own folder with the projector), into `$MERG_WIDEN_OUT` for
+/// `scripts/gpu-check.sh`'s host-memory step: loading onto a GPU must not hold the file in
+/// host memory (issue 32 item 4), and the GPU machine has no cargo to make them.
+#[test]
+#[ignore = "writes files for scripts/gpu-check.sh build"]
+fn widened_q4_k_m_files() {
+    let out = PathBuf::from(std::env::var_os("MERG_WIDEN_OUT").expect("MERG_WIDEN_OUT: the folder to write to"));
+    for (name, shape) in [("small", Shape { ffn: 1, layers: 2 }), ("big", Shape { ffn: 32, layers: 32 })] {
+        let dir = out.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        made(&dir, "wide-q4_k_m.gguf", &shape, false, &format!("{name}.gguf"));
+    }
+}
