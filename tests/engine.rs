@@ -218,8 +218,39 @@ fn repeated_prompt_is_served_from_cache() {
     let again = eng.run_all(vec![mixed_request(1, 4)]).pop().unwrap().unwrap();
     assert_eq!(first.tokens, again.tokens);
     assert_eq!(first.cached_tokens, 0);
-    // All full blocks but the one holding the last prompt token.
+    // All full blocks but the one holding the last prompt token: the first run never filled
+    // that block (117 prompt + 4 generated tokens), and only full blocks are cached.
     assert_eq!(again.cached_tokens, (again.prompt_tokens - 1) / 16 * 16);
+}
+
+/// A prompt that parts from a cached one inside a block takes the rows they share, copied
+/// from the cached block as stored, and computes only the rest: exactly the longest common
+/// prefix with an earlier prompt comes from the cache, and no token changes (f32 and 8-bit
+/// K/V rows).
+#[test]
+fn part_of_a_cached_block_is_reused_and_changes_no_token() {
+    use merg::engine::KvDtype;
+    let req = |t: &str| {
+        let text = format!("Dialogue:\nJoey: {}\nRachel: {t}", TEXTS[0]);
+        ChatRequest { messages: vec![Message::new("user", vec![ContentPart::Text(text)])], media: vec![], sampling: greedy(5), schema: None, constraint: None }
+    };
+    for kv_dtype in [KvDtype::Auto, KvDtype::Q8] {
+        let run = |prefix_caching: bool| {
+            let cfg = EngineConfig { kv_memory: KvMemory::Blocks(64), prefix_caching, kv_dtype, ..Default::default() };
+            let mut e = Engine::new(runtime("qwen2_5_vl"), cfg).unwrap();
+            let ids: Vec<Vec<u32>> = TEXTS.iter().map(|t| e.preparer().prepare(req(t)).unwrap().ids).collect();
+            // One after another: each finds the earlier ones' blocks registered.
+            let out: Vec<Completion> = TEXTS.iter().map(|t| e.run_all(vec![req(t)]).pop().unwrap().unwrap()).collect();
+            (ids, out)
+        };
+        let ((ids, on), (_, off)) = (run(true), run(false));
+        for (i, (a, b)) in on.iter().zip(&off).enumerate() {
+            assert_eq!(a.tokens, b.tokens, "{kv_dtype:?}: request {i}");
+            let shared = (0..i).map(|j| ids[i].iter().zip(&ids[j]).take_while(|(x, y)| x == y).count()).max().unwrap_or(0);
+            assert_eq!(a.cached_tokens, shared.min(ids[i].len() - 1), "{kv_dtype:?}: request {i}");
+        }
+        assert!(on.iter().any(|c| c.cached_tokens % 16 != 0), "some prompt parts inside a block");
+    }
 }
 
 #[test]

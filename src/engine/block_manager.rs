@@ -17,6 +17,8 @@ use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hasher};
 
+use super::block_contents::BlockContents;
+
 pub type BlockId = u32;
 
 /// Stands in a block table for a block a sliding-window group has given back (its tokens lie
@@ -42,8 +44,20 @@ pub struct CacheStats {
 pub struct Allocation {
     /// Block table covering the whole prompt.
     pub table: Vec<BlockId>,
-    /// Leading prompt tokens whose K/V is already in the cache (a multiple of the block size).
+    /// Leading prompt tokens whose K/V is already in the cache, or will be once `copy` is done.
     pub num_cached_tokens: usize,
+    /// Rows of a cached block the new table's first fresh block starts with (token-granular
+    /// reuse): the pool must copy them before the sequence's first step, then `free(&[src])`.
+    pub copy: Option<RowCopy>,
+}
+
+/// The first `rows` K/V rows of cached block `src` go to block `dst`. `src` is referenced once
+/// for the copy (it cannot be evicted before it is made).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowCopy {
+    pub src: BlockId,
+    pub dst: BlockId,
+    pub rows: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -72,6 +86,8 @@ pub struct BlockManager {
     /// Registered refcount-0 blocks by free tick: first entry = least recently freed.
     evictable: BTreeMap<u64, BlockId>,
     cached: HashMap<u64, BlockId>,
+    /// The tokens of every registered block, for reuse of part of one.
+    contents: BlockContents,
     next_tick: u64,
     stats: CacheStats,
 }
@@ -88,6 +104,7 @@ impl BlockManager {
             free: (0..num_blocks as BlockId).rev().collect(),
             evictable: BTreeMap::new(),
             cached: HashMap::new(),
+            contents: BlockContents::default(),
             next_tick: 0,
             stats: CacheStats::default(),
         }
@@ -157,7 +174,7 @@ impl BlockManager {
     /// needed). None, with nothing changed, if the pool cannot supply the rest. An empty prompt
     /// gets an empty table.
     pub fn allocate(&mut self, tokens: &[u32], extra: &[u64]) -> Option<Allocation> {
-        self.allocate_capped(tokens, extra, usize::MAX)
+        self.allocate_capped(tokens, extra, usize::MAX, false)
     }
 
     /// Chain hashes of the leading blocks of `tokens` whose K/V the cache holds (at most
@@ -180,15 +197,15 @@ impl BlockManager {
     }
 
     /// `allocate`, reusing at most `cap` cached blocks (a hybrid model can only resume where
-    /// it has a recurrent-state snapshot).
-    pub fn allocate_capped(&mut self, tokens: &[u32], extra: &[u64], cap: usize) -> Option<Allocation> {
+    /// it has a recurrent-state snapshot). With `partial`, the block after the last full match
+    /// also takes the leading rows it shares with a cached block (`Allocation::copy`): only
+    /// for models whose every layer's state is the pool's K/V rows (no recurrent state, no
+    /// sliding window).
+    pub fn allocate_capped(&mut self, tokens: &[u32], extra: &[u64], cap: usize, partial: bool) -> Option<Allocation> {
         let bs = self.block_size;
         let len = tokens.len();
         if len == 0 {
-            return Some(Allocation {
-                table: Vec::new(),
-                num_cached_tokens: 0,
-            });
+            return Some(Allocation { table: Vec::new(), num_cached_tokens: 0, copy: None });
         }
         let total = len.div_ceil(bs);
         let mut matched = Vec::new();
@@ -205,15 +222,48 @@ impl BlockManager {
                 prev = h;
             }
         }
-        let table = self.take(&matched, total - matched.len())?;
-        let num_cached = matched.len() * bs;
+        let m = matched.len();
+        // At least one token is computed (its logits are needed) and a whole block would have
+        // matched by hash.
+        let most = (bs - 1).min(len - 1 - m * bs);
+        let part = match partial && self.prefix_caching && most > 0 {
+            true => self.contents.longest(matched.last().copied().unwrap_or(0), &tokens[m * bs..], extra.get(m * bs..).unwrap_or(&[]), most),
+            false => None,
+        };
+        // The source is referenced before the fresh blocks are taken, so taking them cannot
+        // evict it; undone (its place in the eviction order kept) if the pool is short.
+        let pinned = part.map(|(src, _)| (src, self.pin(src)));
+        let Some(table) = self.take(&matched, total - m) else {
+            if let Some((src, tick)) = pinned {
+                self.unpin(src, tick);
+            }
+            return None;
+        };
+        let copy = part.map(|(src, rows)| RowCopy { src, dst: table[m], rows });
+        let num_cached = m * bs + copy.map_or(0, |c| c.rows);
         self.stats.prompt_tokens += len as u64;
         self.stats.cached_tokens += num_cached as u64;
         self.stats.computed_tokens += (len - num_cached) as u64;
-        Some(Allocation {
-            table,
-            num_cached_tokens: num_cached,
+        Some(Allocation { table, num_cached_tokens: num_cached, copy })
+    }
+
+    /// One more reference to block `b`; its eviction tick if it was evictable.
+    fn pin(&mut self, b: BlockId) -> Option<u64> {
+        let m = &mut self.blocks[b as usize];
+        m.ref_count += 1;
+        (m.ref_count == 1).then(|| {
+            self.evictable.remove(&m.tick);
+            m.tick
         })
+    }
+
+    /// Undoes `pin`, putting an evictable block back where it was in the eviction order.
+    fn unpin(&mut self, b: BlockId, tick: Option<u64>) {
+        let m = &mut self.blocks[b as usize];
+        m.ref_count -= 1;
+        if let Some(t) = tick {
+            self.evictable.insert(t, b);
+        }
     }
 
     /// Whether the cache holds a block under this chain hash.
@@ -259,6 +309,7 @@ impl BlockManager {
                 let (_, b) = self.evictable.pop_first()?;
                 if let Some(h) = self.blocks[b as usize].hash.take() {
                     self.cached.remove(&h);
+                    self.contents.remove(b);
                 }
                 self.stats.evictions += 1;
                 b
@@ -322,6 +373,7 @@ impl BlockManager {
         }
         let hashes = self.hashes_from(tokens, extra, first, n_full, prev);
         for (i, h) in (first..n_full).zip(hashes) {
+            let parent = std::mem::replace(&mut prev, h);
             let b = table[i];
             let Some(m) = self.blocks.get_mut(b as usize) else {
                 continue;
@@ -334,6 +386,7 @@ impl BlockManager {
             if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(h) {
                 e.insert(b);
                 m.hash = Some(h);
+                self.contents.insert(parent, b, &tokens[i * bs..(i + 1) * bs], extra.get(i * bs..).unwrap_or(&[]));
             }
         }
     }
@@ -456,6 +509,9 @@ impl BlockManager {
                     "cache maps {h:#x} to block {b} whose stored hash differs"
                 ));
             }
+        }
+        if self.contents.count() != self.cached.len() || self.cached.values().any(|&b| !self.contents.holds(b)) {
+            return Err(format!("{} blocks cached but {} with recorded tokens", self.cached.len(), self.contents.count()));
         }
         if !self.prefix_caching && !self.cached.is_empty() {
             return Err("prefix caching is off but blocks are registered".into());

@@ -417,6 +417,12 @@ impl Engine {
     /// The step's output, and whether it computed prompt tokens.
     fn step_inner(&mut self) -> anyhow::Result<(StepOutput, bool)> {
         let (chunks, overflow) = self.scheduler.schedule(&mut self.seqs, &mut self.bm, self.states.as_mut(), self.sliding.as_mut());
+        for cp in chunks.iter().filter_map(|c| c.copy) {
+            let copied = self.pool.copy_rows(cp.src, cp.dst, cp.rows, self.model.device());
+            // The source block was referenced for the copy alone.
+            let _ = self.bm.free(&[cp.src]);
+            copied?;
+        }
         let mut out = StepOutput::default();
         for id in overflow {
             // Too large for the pool even alone: end it with what it has.

@@ -305,6 +305,22 @@ impl KvPool {
         Ok((k, v))
     }
 
+    /// Copies the first `rows` rows of block `src` to block `dst` in every layer, as stored
+    /// (codes and scales alike): a prompt reusing part of a cached block. Models with a
+    /// sliding group never share part of a block, so only the global group is copied.
+    pub fn copy_rows(&self, src: u32, dst: u32, rows: usize, device: &Device) -> Result<()> {
+        let bs = self.block_size as u32;
+        let from: Vec<u32> = (0..rows as u32).map(|j| src * bs + j).collect();
+        let (from, to) = (Tensor::new(from.as_slice(), device)?, self.write_index(&self.slots(&[dst], 0, rows), device)?);
+        for &(l, g, _) in self.slot_of_layer.iter().flatten() {
+            if g == GLOBAL {
+                self.k[l].copy(&from, &to)?;
+                self.v[l].copy(&from, &to)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Slot ids of tokens `start..end` of a sequence with this block table.
     pub fn slots(&self, table: &[u32], start: usize, end: usize) -> Vec<u32> {
         (start..end).map(|i| table[i / self.block_size] * self.block_size as u32 + (i % self.block_size) as u32).collect()

@@ -99,6 +99,20 @@ impl Rows {
         Ok(())
     }
 
+    /// Copies the rows of slots `from` into the slots encoded by `to` (`KvPool::write_index`),
+    /// as stored.
+    pub fn copy(&self, from: &Tensor, to: &Tensor) -> Result<()> {
+        match self {
+            Rows::Float(t) => t.scatter_set(to, &t.index_select(from, 0)?, 0)?,
+            Rows::Q8 { codes, scales, .. } => {
+                codes.scatter_set(to, &codes.index_select(from, 0)?, 0)?;
+                let n = scales.dim(1)?;
+                scales.scatter_set(&to.narrow(1, 0, n)?.contiguous()?, &scales.index_select(from, 0)?, 0)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The rows of `slots`, `[S, width]` in `dtype`.
     pub fn select(&self, slots: &Tensor, dtype: DType) -> Result<Tensor> {
         Ok(match self {

@@ -18,6 +18,7 @@
 // where a site says why its tensor is on the host (.clippy.toml; tests may read freely).
 #![cfg_attr(not(test), warn(clippy::disallowed_methods))]
 
+mod block_contents;
 pub mod block_manager;
 pub mod constraint;
 #[allow(clippy::module_inception)]

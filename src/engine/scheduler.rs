@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::block_manager::BlockManager;
+use super::block_manager::{BlockManager, RowCopy};
 use super::sliding::SlidingGroup;
 use super::state_cache::StateCache;
 use super::sequence::{SeqId, Sequence, Status};
@@ -33,6 +33,8 @@ impl Default for SchedulerConfig {
 pub struct Chunk {
     pub seq: SeqId,
     pub len: usize,
+    /// For a sequence admitted this step: cached rows to copy into its table first.
+    pub copy: Option<RowCopy>,
 }
 
 #[derive(Default)]
@@ -83,7 +85,7 @@ impl Scheduler {
             let target = seq.num_computed + n;
             let grown = bm.grow(&mut seq.table, target);
             if grown && sliding.as_deref_mut().is_none_or(|g| g.bm.grow(&mut seq.window_table, target)) {
-                chunks.push(Chunk { seq: id, len: n });
+                chunks.push(Chunk { seq: id, len: n, copy: None });
                 budget = budget.saturating_sub(n);
                 i += 1;
                 continue;
@@ -139,7 +141,9 @@ impl Scheduler {
                 }
                 None => Some(vec![]),
             };
-            let both = window_table.and_then(|t| match bm.allocate_capped(&seq.tokens, &extra, hit) {
+            // Part of a block only where the pool's rows are a sequence's whole state.
+            let partial = states.is_none() && sliding.is_none();
+            let both = window_table.and_then(|t| match bm.allocate_capped(&seq.tokens, &extra, hit, partial) {
                 Some(a) => Some((a, t)),
                 None => {
                     if let Some(g) = sliding.as_deref_mut() {
@@ -175,7 +179,7 @@ impl Scheduler {
             }
             seq.status = Status::Running;
             let n = seq.next_chunk(budget);
-            chunks.push(Chunk { seq: id, len: n });
+            chunks.push(Chunk { seq: id, len: n, copy: alloc.copy });
             budget = budget.saturating_sub(n);
             self.running.push(id);
         }
