@@ -132,6 +132,24 @@ mod tests {
     }
 
     #[test]
+    fn a_finished_tables_last_part_is_reused_in_part() {
+        let mut bm = BlockManager::new(8, 4, true);
+        let a = toks(10, 0);
+        let t = bm.allocate(&a, &[]).unwrap().table;
+        bm.commit(&t, &a, &[], a.len());
+        bm.commit_tail(&t, &a, &[], a.len());
+        bm.free(&t).unwrap();
+        bm.check_invariants(&[]).unwrap();
+        // The same prompt extended: two full blocks by hash, the two rows of the tail.
+        let mut b = a.clone();
+        b.push(99);
+        let got = bm.allocate_capped(&b, &[], usize::MAX, true).unwrap();
+        assert_eq!((got.num_cached_tokens, got.copy), (10, Some(RowCopy { src: t[2], dst: got.table[2], rows: 2 })));
+        bm.free(&[t[2]]).unwrap();
+        bm.check_invariants(&[&got.table]).unwrap();
+    }
+
+    #[test]
     fn a_short_pool_leaves_the_source_where_it_was() {
         let mut bm = BlockManager::new(3, 4, true);
         let a = toks(8, 0);

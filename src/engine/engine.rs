@@ -545,6 +545,11 @@ impl Engine {
         let s = self.seqs.remove(&id).context("finishing an unknown sequence")?;
         self.scheduler.remove_finished(id);
         if !s.table.is_empty() {
+            // Its last, partly filled block stays reusable in part (as the scheduler's
+            // admission, only where the pool's rows are the whole state).
+            if self.states.is_none() && self.sliding.is_none() {
+                self.bm.commit_tail(&s.table, &s.tokens, &s.extra_keys(), s.num_computed);
+            }
             self.bm.free(&s.table).map_err(|e| anyhow::anyhow!("freeing blocks of sequence {id}: {e:?}"))?;
         }
         if let Some(g) = self.sliding.as_mut() {
