@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The GPU checklist in one command (../shared/gpu/README.md's manual steps, issue 27 item 5).
 #
-#   scripts/gpu-check.sh build   here, no GPU needed: builds `merg` and the parity test binaries
-#                                (every family's) with the `cuda` feature (CUDA_COMPUTE_CAP, default 90 = H100/H200)
-#                                and packs them, xz-compressed, with the tokenizer into .gpu/
+#   scripts/gpu-check.sh build   here, no GPU needed: builds `merg` and every family's parity
+#                                test binary with the `cuda` feature (CUDA_COMPUTE_CAP, default
+#                                90 = H100/H200) and packs them, xz-compressed, with the
+#                                tokenizer and tests/memory.rs's widened GGUF files into .gpu/
 #   scripts/gpu-check.sh run     on the GPU machine (the repository with .gpu/ carried along):
 #                                parity on the GPU in f32 and bf16, `merg bench` on the
 #                                Qwen2.5-VL 7B and Qwen3.5 9B configs (bf16 and q4k, dummy
 #                                weights, decode as % of the GPU's copy bandwidth),
-#                                `merg bench-agents`, and `merg plan` beside the measured peak;
+#                                `merg bench-agents`, `merg plan` beside the measured peak, and
+#                                the host memory of loading a GGUF onto the GPU;
 #                                writes $REPORT (default $OUT or gpu-report/) with report.md
 #   scripts/gpu-check.sh         build, then run where a GPU is visible; without one it says so
 #                                and exits 0 after the `cuda` compile check (scripts/check-cuda.sh)
@@ -239,6 +241,7 @@ run() {
   [ -f "$bin/tokenizer.json" ] || tok=()
   export MERG_FIXTURES_DIR=$PWD/tests/fixtures
   local b=(--device cuda --decode-tokens 64)
+  local agents=(bench-agents "${tok[@]}" --device cuda --dialogues 4 --repeats 1 --new-tokens 16)
   local total
   total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
   # GPU_STEPS picks steps by name (a device call may run a part, then the rest); default all.
@@ -255,10 +258,10 @@ run() {
       bench-qwen2.5-vl-7b) step "$s" "$bin/merg" bench --config models/qwen2.5-vl-7b-instruct.json "${b[@]}" --quant bf16,q4k --prompt-tokens 512 --batch 8 "${tok[@]}" ;;
       # No --batch for Qwen3.5: it needs the model's own tokenizer (248k tokens), not Qwen2's.
       bench-qwen3.5-9b) step "$s" "$bin/merg" bench --config models/qwen3.5-9b.json "${b[@]}" --quant bf16,q4k --prompt-tokens 512 ;;
-      bench-agents-7b) step "$s" "$bin/merg" bench-agents --config models/qwen2.5-vl-7b-instruct.json "${tok[@]}" --device cuda --dialogues 4 --repeats 1 --new-tokens 16 ;;
+      bench-agents-7b) step "$s" "$bin/merg" "${agents[@]}" --config models/qwen2.5-vl-7b-instruct.json ;;
       host-memory) step "$s" bash scripts/gpu-check.sh host-memory "$bin/merg" "$bin/widened" ;;
       # The largest dense Qwen3-VL (66 GB of bf16): the KV pool sized from what the load left.
-      bench-agents-32b) step "$s" "$bin/merg" bench-agents --config models/qwen3-vl-32b-instruct.json "${tok[@]}" --device cuda --dialogues 4 --repeats 1 --new-tokens 16 ;;
+      bench-agents-32b) step "$s" "$bin/merg" "${agents[@]}" --config models/qwen3-vl-32b-instruct.json ;;
       plan-7b) step "$s" "$bin/merg" plan --config models/qwen2.5-vl-7b-instruct.json --memory "${total}MiB" --dialogues 4 ;;
       # The paper's backbone (Qwen3.5 27B; it ran Q4_K_M): q4k here, in situ from dummy weights.
       bench-qwen3.5-27b) step "$s" "$bin/merg" bench --config models/qwen3.5-27b.json "${b[@]}" --quant q4k --prompt-tokens 512 ;;

@@ -151,14 +151,19 @@ fn each_format_is_held_once() {
 /// the loading peak is at most twice the file's largest tensor and a margin, and the mapping's
 /// pages are given back: against the 2-layer file, the 120 MiB one leaves no more of itself
 /// resident (a loader holding the file until the end would peak, and stay, 120 MiB higher).
+/// The Q4_K_M fixture at 2 layers (0.6 MiB) in `small_dir` and at 32 layers, 32× wider (120
+/// MiB) in `big_dir`, each with the projector beside it.
+fn q4_k_m_pair(small_dir: &Path, big_dir: &Path) -> [PathBuf; 2] {
+    [(small_dir, "small", Shape { ffn: 1, layers: 2 }), (big_dir, "big", Shape { ffn: 32, layers: 32 })].map(|(dir, name, shape)| made(dir, "wide-q4_k_m.gguf", &shape, false, &format!("{name}.gguf")))
+}
+
 #[test]
 #[cfg(target_os = "linux")]
 fn loading_onto_a_device_streams_tensor_by_tensor() {
     const MIB: u64 = 1 << 20;
     let dir = tempfile::tempdir().unwrap();
     let big_dir = tempfile::tempdir().unwrap();
-    let small = made(dir.path(), "wide-q4_k_m.gguf", &Shape { ffn: 1, layers: 2 }, false, "small.gguf");
-    let big = made(big_dir.path(), "wide-q4_k_m.gguf", &Shape { ffn: 32, layers: 32 }, false, "big.gguf");
+    let [small, big] = q4_k_m_pair(dir.path(), big_dir.path());
     let f = GgufFile::open(&big).unwrap();
     let largest = f.header.order.iter().map(|n| f.mapped(n).unwrap().bytes().len() as u64).max().unwrap();
     drop(f);
@@ -180,9 +185,9 @@ fn loading_onto_a_device_streams_tensor_by_tensor() {
 #[ignore = "writes files for scripts/gpu-check.sh build"]
 fn widened_q4_k_m_files() {
     let out = PathBuf::from(std::env::var_os("MERG_WIDEN_OUT").expect("MERG_WIDEN_OUT: the folder to write to"));
-    for (name, shape) in [("small", Shape { ffn: 1, layers: 2 }), ("big", Shape { ffn: 32, layers: 32 })] {
-        let dir = out.join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        made(&dir, "wide-q4_k_m.gguf", &shape, false, &format!("{name}.gguf"));
+    let [small, big] = [out.join("small"), out.join("big")];
+    for d in [&small, &big] {
+        std::fs::create_dir_all(d).unwrap();
     }
+    q4_k_m_pair(&small, &big);
 }

@@ -88,6 +88,8 @@ pub struct BlockManager {
     cached: HashMap<u64, BlockId>,
     /// The tokens of every registered block, for reuse of part of one.
     contents: BlockContents,
+    /// Whether a block may be reused in part (`with_partial_reuse`).
+    partial: bool,
     next_tick: u64,
     stats: CacheStats,
 }
@@ -105,9 +107,19 @@ impl BlockManager {
             evictable: BTreeMap::new(),
             cached: HashMap::new(),
             contents: BlockContents::default(),
+            partial: false,
             next_tick: 0,
             stats: CacheStats::default(),
         }
+    }
+
+    /// Lets a prompt reuse the leading rows it shares with a cached block after its last full
+    /// match (`Allocation::copy`), and `commit_tail` keep a given-back table's partly filled
+    /// block: only for a pool whose rows are a sequence's whole state (no recurrent layers, no
+    /// sliding window).
+    pub fn with_partial_reuse(mut self, on: bool) -> Self {
+        self.partial = on;
+        self
     }
 
     pub fn block_size(&self) -> usize {
@@ -159,10 +171,7 @@ impl BlockManager {
         for i in first..end {
             let mut h = DefaultHasher::new();
             h.write_u64(prev);
-            for j in i * bs..(i + 1) * bs {
-                h.write_u32(tokens[j]);
-                h.write_u64(extra.get(j).copied().unwrap_or(0));
-            }
+            write_tokens(&mut h, tokens, extra, i * bs..(i + 1) * bs);
             prev = h.finish();
             out.push(prev);
         }
@@ -174,7 +183,7 @@ impl BlockManager {
     /// needed). None, with nothing changed, if the pool cannot supply the rest. An empty prompt
     /// gets an empty table.
     pub fn allocate(&mut self, tokens: &[u32], extra: &[u64]) -> Option<Allocation> {
-        self.allocate_capped(tokens, extra, usize::MAX, false)
+        self.allocate_capped(tokens, extra, usize::MAX)
     }
 
     /// Chain hashes of the leading blocks of `tokens` whose K/V the cache holds (at most
@@ -197,11 +206,9 @@ impl BlockManager {
     }
 
     /// `allocate`, reusing at most `cap` cached blocks (a hybrid model can only resume where
-    /// it has a recurrent-state snapshot). With `partial`, the block after the last full match
-    /// also takes the leading rows it shares with a cached block (`Allocation::copy`): only
-    /// for models whose every layer's state is the pool's K/V rows (no recurrent state, no
-    /// sliding window).
-    pub fn allocate_capped(&mut self, tokens: &[u32], extra: &[u64], cap: usize, partial: bool) -> Option<Allocation> {
+    /// it has a recurrent-state snapshot). With partial reuse on, the block after the last full
+    /// match also takes the leading rows it shares with a cached block (`Allocation::copy`).
+    pub fn allocate_capped(&mut self, tokens: &[u32], extra: &[u64], cap: usize) -> Option<Allocation> {
         let bs = self.block_size;
         let len = tokens.len();
         if len == 0 {
@@ -226,7 +233,7 @@ impl BlockManager {
         // At least one token is computed (its logits are needed) and a whole block would have
         // matched by hash.
         let most = (bs - 1).min(len - 1 - m * bs);
-        let part = match partial && self.prefix_caching && most > 0 {
+        let part = match self.partial && self.prefix_caching && most > 0 {
             true => self.contents.longest(matched.last().copied().unwrap_or(0), &tokens[m * bs..], extra.get(m * bs..).unwrap_or(&[]), most),
             false => None,
         };
@@ -288,11 +295,7 @@ impl BlockManager {
             return None;
         }
         for &b in &table {
-            let m = &mut self.blocks[b as usize];
-            if m.ref_count == 0 {
-                self.evictable.remove(&m.tick);
-            }
-            m.ref_count += 1;
+            self.pin(b);
         }
         for _ in 0..fresh {
             // Checked above: cannot fail.
@@ -375,7 +378,7 @@ impl BlockManager {
         for (i, h) in (first..n_full).zip(hashes) {
             let parent = std::mem::replace(&mut prev, h);
             let b = table[i];
-            let Some(m) = self.blocks.get_mut(b as usize) else {
+            let Some(m) = self.blocks.get(b as usize) else {
                 continue;
             };
             // A refcount-0 block is not this table's (stale table): registering it would put a
@@ -383,11 +386,18 @@ impl BlockManager {
             if m.ref_count == 0 || m.hash.is_some() {
                 continue;
             }
-            if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(h) {
-                e.insert(b);
-                m.hash = Some(h);
-                self.contents.insert(parent, b, &tokens[i * bs..(i + 1) * bs], extra.get(i * bs..).unwrap_or(&[]));
-            }
+            self.register(b, h, parent, tokens, extra, i * bs..(i + 1) * bs);
+        }
+    }
+
+    /// Registers block `b` under hash `h` unless the hash already maps to another block (which
+    /// keeps its mapping: `b` stays private and is recycled normally), with its tokens
+    /// `tokens[range]` recorded after the block hashed `parent`.
+    fn register(&mut self, b: BlockId, h: u64, parent: u64, tokens: &[u32], extra: &[u64], range: std::ops::Range<usize>) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(h) {
+            e.insert(b);
+            self.blocks[b as usize].hash = Some(h);
+            self.contents.insert(parent, b, &tokens[range.clone()], extra.get(range.start..).unwrap_or(&[]));
         }
     }
 
@@ -395,14 +405,15 @@ impl BlockManager {
     /// num_computed]`) for part-of-a-block reuse alone, when the table is given back: under a
     /// hash no chain of full blocks gives (no whole-block match finds it), its tokens recorded
     /// after the last full block's chain hash. A repeated or extended prompt then computes only
-    /// what the finished one did not (as llama.cpp's slot cache). A no-op without prefix
-    /// caching, without such a part, or where the full blocks before it are not registered.
+    /// what the finished one did not (as llama.cpp's slot cache). A no-op without partial reuse
+    /// or prefix caching, without such a part, or where the full blocks before it are not
+    /// registered.
     pub fn commit_tail(&mut self, table: &[BlockId], tokens: &[u32], extra: &[u64], num_computed: usize) {
         let bs = self.block_size;
         let n = num_computed.min(tokens.len());
         let (full, rest) = (n / bs, n % bs);
         let Some(&b) = table.get(full) else { return };
-        if !self.prefix_caching || rest == 0 || b == RELEASED {
+        if !self.partial || !self.prefix_caching || rest == 0 || b == RELEASED {
             return;
         }
         let parent = match full {
@@ -412,25 +423,17 @@ impl BlockManager {
                 None => return,
             },
         };
-        let Some(m) = self.blocks.get_mut(b as usize) else { return };
-        if m.ref_count == 0 || m.hash.is_some() {
-            return;
+        match self.blocks.get(b as usize) {
+            Some(m) if m.ref_count > 0 && m.hash.is_none() => {}
+            _ => return,
         }
         let mut h = DefaultHasher::new();
         h.write_u64(parent);
         // A marker and the length: a full block's chain hash never covers these bytes.
         h.write_u64(u64::MAX);
         h.write_usize(rest);
-        for j in full * bs..n {
-            h.write_u32(tokens[j]);
-            h.write_u64(extra.get(j).copied().unwrap_or(0));
-        }
-        let h = h.finish();
-        if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(h) {
-            e.insert(b);
-            m.hash = Some(h);
-            self.contents.insert(parent, b, &tokens[full * bs..n], extra.get(full * bs..).unwrap_or(&[]));
-        }
+        write_tokens(&mut h, tokens, extra, full * bs..n);
+        self.register(b, h.finish(), parent, tokens, extra, full * bs..n);
     }
 
     /// Drop one reference per table entry. Blocks reaching refcount 0 become evictable if they
@@ -563,6 +566,14 @@ impl BlockManager {
             return Err(format!("stats do not add up: {s:?}"));
         }
         Ok(())
+    }
+}
+
+/// Feeds `tokens[range]` with their per-token keys (a shorter `extra` padded with 0) to `h`.
+fn write_tokens(h: &mut DefaultHasher, tokens: &[u32], extra: &[u64], range: std::ops::Range<usize>) {
+    for j in range {
+        h.write_u32(tokens[j]);
+        h.write_u64(extra.get(j).copied().unwrap_or(0));
     }
 }
 

@@ -172,3 +172,73 @@ fn prefix_caching_disabled() {
     bm.check_invariants(&[]).unwrap();
     assert_eq!(bm.num_available(), 8);
 }
+
+#[test]
+fn a_prompt_parting_inside_a_block_takes_the_rows_it_shares() {
+    let mut bm = BlockManager::new(8, 4, true).with_partial_reuse(true);
+    let a = toks(10, 0);
+    let t = bm.allocate(&a, &[]).unwrap().table;
+    bm.commit(&t, &a, &[], a.len());
+    bm.free(&t).unwrap();
+    // Shares 6 tokens: block 0 by hash, then 2 rows of block 1.
+    let mut b = toks(6, 0);
+    b.extend([90, 91, 92]);
+    let got = bm.allocate_capped(&b, &[], usize::MAX).unwrap();
+    assert_eq!(got.num_cached_tokens, 6);
+    assert_eq!(got.table[0], t[0]);
+    assert_eq!(got.copy, Some(RowCopy { src: t[1], dst: got.table[1], rows: 2 }));
+    // The source is held for the copy: the tables and it account for every reference.
+    bm.check_invariants(&[&got.table, &[t[1]]]).unwrap();
+    bm.free(&[t[1]]).unwrap();
+    bm.check_invariants(&[&got.table]).unwrap();
+    assert_eq!(bm.stats().cached_tokens, 6);
+    // Block-granular without partial reuse.
+    let mut plain = BlockManager::new(8, 4, true);
+    let t = plain.allocate(&a, &[]).unwrap().table;
+    plain.commit(&t, &a, &[], a.len());
+    plain.free(&t).unwrap();
+    assert_eq!(plain.allocate(&b, &[]).unwrap().num_cached_tokens, 4);
+    // Never the prompt's last token.
+    let mut bm = BlockManager::new(8, 4, true).with_partial_reuse(true);
+    let t = bm.allocate(&a, &[]).unwrap().table;
+    bm.commit(&t, &a, &[], a.len());
+    bm.free(&t).unwrap();
+    let again = bm.allocate_capped(&a[..8], &[], usize::MAX).unwrap();
+    assert_eq!((again.num_cached_tokens, again.copy.map(|c| c.rows)), (7, Some(3)));
+}
+
+#[test]
+fn a_finished_tables_last_part_is_reused_in_part() {
+    let mut bm = BlockManager::new(8, 4, true).with_partial_reuse(true);
+    let a = toks(10, 0);
+    let t = bm.allocate(&a, &[]).unwrap().table;
+    bm.commit(&t, &a, &[], a.len());
+    bm.commit_tail(&t, &a, &[], a.len());
+    bm.free(&t).unwrap();
+    bm.check_invariants(&[]).unwrap();
+    // The same prompt extended: two full blocks by hash, the two rows of the tail.
+    let mut b = a.clone();
+    b.push(99);
+    let got = bm.allocate_capped(&b, &[], usize::MAX).unwrap();
+    assert_eq!((got.num_cached_tokens, got.copy), (10, Some(RowCopy { src: t[2], dst: got.table[2], rows: 2 })));
+    bm.free(&[t[2]]).unwrap();
+    bm.check_invariants(&[&got.table]).unwrap();
+}
+
+#[test]
+fn a_short_pool_leaves_the_source_where_it_was() {
+    let mut bm = BlockManager::new(3, 4, true).with_partial_reuse(true);
+    let a = toks(8, 0);
+    let t = bm.allocate(&a, &[]).unwrap().table;
+    bm.commit(&t, &a, &[], a.len());
+    bm.free(&t).unwrap();
+    let mut b = toks(6, 0);
+    b.extend(toks(10, 50));
+    // Block 0 matched, block 1's source pinned, and the 3 fresh blocks wanted are not there.
+    assert!(bm.allocate_capped(&b, &[], usize::MAX).is_none());
+    bm.check_invariants(&[]).unwrap();
+    assert_eq!(bm.num_available(), 3);
+    // The source still leaves the cache before the block freed earlier than it (block 0).
+    let c = bm.allocate(&toks(8, 100), &[]).unwrap();
+    assert!(c.table.contains(&t[1]) && !c.table.contains(&t[0]));
+}

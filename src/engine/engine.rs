@@ -187,7 +187,8 @@ impl Engine {
             model,
             preparer,
             pool,
-            bm: BlockManager::new(groups[GLOBAL], cfg.block_size, prefix_caching),
+            // Part of a block only where the pool's rows are a sequence's whole state.
+            bm: BlockManager::new(groups[GLOBAL], cfg.block_size, prefix_caching).with_partial_reuse(states.is_none() && sliding.is_none()),
             sliding,
             scheduler: Scheduler::new(scheduler_cfg),
             states,
@@ -545,11 +546,8 @@ impl Engine {
         let s = self.seqs.remove(&id).context("finishing an unknown sequence")?;
         self.scheduler.remove_finished(id);
         if !s.table.is_empty() {
-            // Its last, partly filled block stays reusable in part (as the scheduler's
-            // admission, only where the pool's rows are the whole state).
-            if self.states.is_none() && self.sliding.is_none() {
-                self.bm.commit_tail(&s.table, &s.tokens, &s.extra_keys(), s.num_computed);
-            }
+            // Its last, partly filled block stays reusable in part.
+            self.bm.commit_tail(&s.table, &s.tokens, &s.extra_keys(), s.num_computed);
             self.bm.free(&s.table).map_err(|e| anyhow::anyhow!("freeing blocks of sequence {id}: {e:?}"))?;
         }
         if let Some(g) = self.sliding.as_mut() {

@@ -91,9 +91,7 @@ impl Rows {
             Rows::Float(t) => t.scatter_set(index, &x.to_dtype(t.dtype())?.contiguous()?, 0)?,
             Rows::Q8 { codes, scales, group } => {
                 let (c, s) = quantize(x, *group)?;
-                codes.scatter_set(index, &c, 0)?;
-                let n = s.dim(1)?;
-                scales.scatter_set(&index.narrow(1, 0, n)?.contiguous()?, &s, 0)?;
+                scatter_q8(codes, scales, index, &c, &s)?;
             }
         }
         Ok(())
@@ -104,11 +102,7 @@ impl Rows {
     pub fn copy(&self, from: &Tensor, to: &Tensor) -> Result<()> {
         match self {
             Rows::Float(t) => t.scatter_set(to, &t.index_select(from, 0)?, 0)?,
-            Rows::Q8 { codes, scales, .. } => {
-                codes.scatter_set(to, &codes.index_select(from, 0)?, 0)?;
-                let n = scales.dim(1)?;
-                scales.scatter_set(&to.narrow(1, 0, n)?.contiguous()?, &scales.index_select(from, 0)?, 0)?;
-            }
+            Rows::Q8 { codes, scales, .. } => scatter_q8(codes, scales, to, &codes.index_select(from, 0)?, &scales.index_select(from, 0)?)?,
         }
         Ok(())
     }
@@ -128,6 +122,14 @@ impl Rows {
             Rows::Q8 { .. } => None,
         }
     }
+}
+
+/// Stores codes `c` and scales `s` into the slots of `index` (a row index as wide as the codes;
+/// the scales take its first columns).
+fn scatter_q8(codes: &Tensor, scales: &Tensor, index: &Tensor, c: &Tensor, s: &Tensor) -> Result<()> {
+    codes.scatter_set(index, c, 0)?;
+    scales.scatter_set(&index.narrow(1, 0, s.dim(1)?)?.contiguous()?, s, 0)?;
+    Ok(())
 }
 
 /// `x: [n, width]` → (codes `[n, width]` u8, scales `[n, width / group]` f16): each group's

@@ -141,9 +141,7 @@ impl Scheduler {
                 }
                 None => Some(vec![]),
             };
-            // Part of a block only where the pool's rows are a sequence's whole state.
-            let partial = states.is_none() && sliding.is_none();
-            let both = window_table.and_then(|t| match bm.allocate_capped(&seq.tokens, &extra, hit, partial) {
+            let both = window_table.and_then(|t| match bm.allocate_capped(&seq.tokens, &extra, hit) {
                 Some(a) => Some((a, t)),
                 None => {
                     if let Some(g) = sliding.as_deref_mut() {
