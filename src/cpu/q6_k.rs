@@ -43,64 +43,36 @@ impl PackedQ6K {
     /// Repacks `n` rows of `k / 256` llama.cpp Q6_K blocks. `None` when `k` is not whole blocks
     /// or `blocks` is shorter than the shape says.
     pub fn pack(blocks: &[u8], n: usize, k: usize) -> Option<PackedQ6K> {
-        let rb = row_bytes(k)?;
-        (blocks.len() >= n * rb).then(|| Self::pack_rows(n, k, |r| &blocks[r * rb..][..rb]))
-    }
-
-    /// Repacks the weight whose row `r` is `row(r)` (`k / 256` blocks each; rows may lie
-    /// apart). `k` must be whole blocks (`row_bytes`).
-    pub fn pack_rows<'a>(n: usize, k: usize, row: impl Fn(usize) -> &'a [u8] + Sync) -> PackedQ6K {
-        PackedQ6K(Panels::new(n, k, k / BLOCK * LINES, Line([0; 64]), |p, l| stage(n, k, &row, p, l)))
+        let nb = k / BLOCK;
+        if k == 0 || !k.is_multiple_of(BLOCK) || blocks.len() < n * nb * BLOCK_BYTES {
+            return None;
+        }
+        Some(PackedQ6K(Panels::new(n, k, nb * LINES, Line([0; 64]), |p, l| {
+            for r in 0..PANEL.min(n - p * PANEL) {
+                let row = &blocks[(p * PANEL + r) * nb * BLOCK_BYTES..][..nb * BLOCK_BYTES];
+                for (b, blk) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+                    pack_block(&mut l[b * LINES..(b + 1) * LINES], r, blk);
+                }
+            }
+        })))
     }
 
     /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are
     /// shorter than the shapes.
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        product(self.0.n, self.0.k, x, m, out, |p, f| f(self.0.panel(p)))
-    }
-}
-
-/// Bytes of a row of `k` values; `None` unless `k` is whole blocks.
-pub fn row_bytes(k: usize) -> Option<usize> {
-    (k > 0 && k.is_multiple_of(BLOCK)).then_some(k / BLOCK * BLOCK_BYTES)
-}
-
-/// `PackedQ6K::pack_rows(n, k, row).matmul(x, m, out)` without the packed copy, the same bits
-/// (`panels::Staged`, as `q8_0::matmul_rows`).
-pub fn matmul_rows<'a>(n: usize, k: usize, row: impl Fn(usize) -> &'a [u8] + Sync, x: &[f32], m: usize, out: &mut [f32]) {
-    let staged = super::panels::Staged::new(k / BLOCK * LINES, |p, l: &mut [Line]| stage(n, k, &row, p, l));
-    product(n, k, x, m, out, |p, f| staged.with(p, f))
-}
-
-/// Panel `p` of the rows, every byte of its lines (padding rows zero).
-fn stage<'a>(n: usize, k: usize, row: &impl Fn(usize) -> &'a [u8], p: usize, l: &mut [Line]) {
-    let nb = k / BLOCK;
-    l.fill(Line([0; 64]));
-    for r in 0..PANEL.min(n - p * PANEL) {
-        let row = &row(p * PANEL + r)[..nb * BLOCK_BYTES];
-        for (b, blk) in row.chunks_exact(BLOCK_BYTES).enumerate() {
-            pack_block(&mut l[b * LINES..(b + 1) * LINES], r, blk);
-        }
-    }
-}
-
-/// The product over panels that `panel(p, f)` hands to `f`.
-fn product(n: usize, k: usize, x: &[f32], m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[Line])) + Sync) {
-    assert!(available(), "PackedQ6K::matmul needs AVX-512 VNNI");
-    assert!(x.len() >= m * k && out.len() >= m * n, "PackedQ6K::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
-    let act = Q8K::quantize(&x[..m * k], m, k);
-    super::panels::run(n, m, out, |p, g, mg, res| {
-        panel(p, &mut |lines| {
+        assert!(available(), "PackedQ6K::matmul needs AVX-512 VNNI");
+        let (n, k) = (self.0.n, self.0.k);
+        assert!(x.len() >= m * k && out.len() >= m * n, "PackedQ6K::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
+        let act = Q8K::quantize(&x[..m * k], m, k);
+        super::panels::run(n, m, out, |p, g, mg, res| {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `available()` checked avx512f/bw and avx512vnni; the panel holds `k / 256`
             // blocks and the activations `mg` rows from `g`.
             unsafe {
-                vnni::panel(lines, k / BLOCK, &act, g, mg, res)
+                vnni::panel(self.0.panel(p), k / BLOCK, &act, g, mg, res)
             };
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = (lines, &act, g, mg, &res);
         });
-    });
+    }
 }
 
 /// Row `r`'s block (ggml's `block_q6_K`: ql[128], qh[64], scales[16], d) into a panel block.

@@ -42,71 +42,38 @@ impl PackedQ8 {
     /// Repacks `n` rows of `k / 32` llama.cpp Q8_0 blocks. `None` when `k` is not whole blocks
     /// or `blocks` is shorter than the shape says.
     pub fn pack(blocks: &[u8], n: usize, k: usize) -> Option<PackedQ8> {
-        let rb = row_bytes(k)?;
-        (blocks.len() >= n * rb).then(|| Self::pack_rows(n, k, |r| &blocks[r * rb..][..rb]))
-    }
-
-    /// Repacks the weight whose row `r` is `row(r)` (`k / 32` blocks each; rows may lie apart,
-    /// as joined q/k/v parts do in a file). `k` must be whole blocks (`row_bytes`).
-    pub fn pack_rows<'a>(n: usize, k: usize, row: impl Fn(usize) -> &'a [u8] + Sync) -> PackedQ8 {
-        PackedQ8(Panels::new(n, k, per_panel(k), Line([0; 64]), |p, l| stage(n, k, &row, p, l)))
+        let nb = k / BLOCK;
+        if k == 0 || !k.is_multiple_of(BLOCK) || blocks.len() < n * nb * BLOCK_BYTES {
+            return None;
+        }
+        // 0x80 is a zero weight once offset; padding rows have zero scales as well.
+        Some(PackedQ8(Panels::new(n, k, nb * 8 + scale_lines(nb), Line([0x80; 64]), |p, l| {
+            let (l, s) = l.split_at_mut(nb * 8);
+            s.fill(Line([0; 64]));
+            let lanes = super::panels::lanes(l);
+            for r in 0..PANEL.min(n - p * PANEL) {
+                let row = &blocks[(p * PANEL + r) * nb * BLOCK_BYTES..][..nb * BLOCK_BYTES];
+                for ((b, blk), lines) in row.chunks_exact(BLOCK_BYTES).enumerate().zip(lanes.chunks_exact_mut(8)) {
+                    let at = (b * PANEL + r) * 2;
+                    s[at / 64].0[at % 64..at % 64 + 2].copy_from_slice(&blk[..2]);
+                    // Four values a lane, offset to unsigned (`vpdpbusd` takes u8 × i8).
+                    for (line, q) in lines.iter_mut().zip(blk[2..].chunks_exact(4)) {
+                        line[r] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]).to_le() ^ 0x8080_8080;
+                    }
+                }
+            }
+        })))
     }
 
     /// `out[m, n] = x[m, k] · wᵀ`. Call only when `available()`; panics if the slices are
     /// shorter than the shapes.
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        product(self.0.n, self.0.k, x, m, out, |p, f| f(self.0.panel(p)))
-    }
-}
-
-/// Bytes of a row of `k` values; `None` unless `k` is whole blocks.
-pub fn row_bytes(k: usize) -> Option<usize> {
-    (k > 0 && k.is_multiple_of(BLOCK)).then_some(k / BLOCK * BLOCK_BYTES)
-}
-
-/// `PackedQ8::pack_rows(n, k, row).matmul(x, m, out)` without the packed copy, the same bits:
-/// each panel staged from the rows as the product reaches it (`panels::Staged`). For a weight
-/// still in its file.
-pub fn matmul_rows<'a>(n: usize, k: usize, row: impl Fn(usize) -> &'a [u8] + Sync, x: &[f32], m: usize, out: &mut [f32]) {
-    let staged = super::panels::Staged::new(per_panel(k), |p, l: &mut [Line]| stage(n, k, &row, p, l));
-    product(n, k, x, m, out, |p, f| staged.with(p, f))
-}
-
-fn per_panel(k: usize) -> usize {
-    let nb = k / BLOCK;
-    nb * 8 + scale_lines(nb)
-}
-
-/// Panel `p` of the rows, every byte of its lines: values offset to unsigned (a zero weight,
-/// and a padding row's, is 0x80), then the scales (padding rows' zero).
-fn stage<'a>(n: usize, k: usize, row: &impl Fn(usize) -> &'a [u8], p: usize, l: &mut [Line]) {
-    let nb = k / BLOCK;
-    let (l, s) = l.split_at_mut(nb * 8);
-    l.fill(Line([0x80; 64]));
-    s.fill(Line([0; 64]));
-    let lanes = super::panels::lanes(l);
-    for r in 0..PANEL.min(n - p * PANEL) {
-        let row = &row(p * PANEL + r)[..nb * BLOCK_BYTES];
-        for ((b, blk), lines) in row.chunks_exact(BLOCK_BYTES).enumerate().zip(lanes.chunks_exact_mut(8)) {
-            let at = (b * PANEL + r) * 2;
-            s[at / 64].0[at % 64..at % 64 + 2].copy_from_slice(&blk[..2]);
-            // Four values a lane, offset to unsigned (`vpdpbusd` takes u8 × i8).
-            for (line, q) in lines.iter_mut().zip(blk[2..].chunks_exact(4)) {
-                line[r] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]).to_le() ^ 0x8080_8080;
-            }
-        }
-    }
-}
-
-/// The product over panels that `panel(p, f)` hands to `f`.
-fn product(n: usize, k: usize, x: &[f32], m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[Line])) + Sync) {
-    assert!(available(), "PackedQ8::matmul needs AVX-512 VNNI");
-    let nb = k / BLOCK;
-    assert!(x.len() >= m * k && out.len() >= m * n, "PackedQ8::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
-    let act = Activations::quantize(&x[..m * k], m, k);
-    super::panels::run(n, m, out, |p, g, mg, res| {
-        panel(p, &mut |lines| {
-            let (lines, tail) = lines.split_at(nb * 8);
+        assert!(available(), "PackedQ8::matmul needs AVX-512 VNNI");
+        let (n, k, nb) = (self.0.n, self.0.k, self.0.k / BLOCK);
+        assert!(x.len() >= m * k && out.len() >= m * n, "PackedQ8::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
+        let act = Activations::quantize(&x[..m * k], m, k);
+        super::panels::run(n, m, out, |p, g, mg, res| {
+            let (lines, tail) = self.0.panel(p).split_at(nb * 8);
             // SAFETY: the tail lines hold the panel's `nb × 16` f16 scales (64-byte aligned).
             let scales = unsafe { std::slice::from_raw_parts(tail.as_ptr() as *const f16, nb * PANEL) };
             #[cfg(target_arch = "x86_64")]
@@ -115,10 +82,8 @@ fn product(n: usize, k: usize, x: &[f32], m: usize, out: &mut [f32], panel: impl
             unsafe {
                 vnni::panel(lines, scales, nb, &act, g, mg, res)
             };
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = (lines, scales, &act, g, mg, &res);
         });
-    });
+    }
 }
 
 /// Lines after a panel's blocks that hold its f16 scales (`[block][row]`).

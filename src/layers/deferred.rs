@@ -1,9 +1,8 @@
-//! A weight of a mapped file (f32, bf16, blocks that the AVX2 kernels hold in groups of eight
-//! rows, or the AVX-512 VNNI panels' Q8_0/Q4_K/Q6_K), used where it lies until its packed copy
-//! is made behind the first tokens (`cpu::repack`). Until then each product stages the panels
-//! it reaches straight from the file's rows (`cpu::fp32::matmul_rows`, `cpu::bf16::matmul_rows`,
-//! `cpu::blocks::PackedBlocks::matmul_staged`, `cpu::q8_0::matmul_rows` and its Q4_K/Q6_K
-//! twins), the same bits as the packed kernels give; once
+//! A weight of a mapped file (f32, bf16, or blocks that the AVX2 kernels hold in groups of
+//! eight rows), used where it lies until its packed copy is made behind the first tokens
+//! (`cpu::repack`). Until then each product stages the panels it reaches straight from the
+//! file's rows (`cpu::fp32::matmul_rows`, `cpu::bf16::matmul_rows`,
+//! `cpu::blocks::PackedBlocks::matmul_staged`), the same bits as the packed kernels give; once
 //! the copy exists the file's pages of the weight are released, so the weight is held once
 //! either way.
 
@@ -16,10 +15,6 @@ use half::bf16;
 use crate::cpu::bf16::PackedBf16;
 use crate::cpu::blocks::{Format, PackedBlocks, GROUP_ROWS as GROUP};
 use crate::cpu::fp32::PackedF32;
-use crate::cpu::q4_k::PackedQ4K;
-use crate::cpu::q6_k::PackedQ6K;
-use crate::cpu::q8_0::PackedQ8;
-use crate::cpu::quant::Kernel;
 use crate::weights::Mapped;
 
 #[derive(Debug)]
@@ -27,9 +22,6 @@ enum Packed {
     F32(PackedF32),
     Bf16(PackedBf16),
     Blocks(PackedBlocks),
-    Q8(PackedQ8),
-    Q4K(PackedQ4K),
-    Q6K(PackedQ6K),
 }
 
 /// What the file's rows hold.
@@ -38,8 +30,6 @@ enum Kind {
     F32,
     Bf16,
     Blocks(Format),
-    /// Q8_0, Q4_K or Q6_K in the AVX-512 VNNI panels.
-    Vnni(GgmlDType),
 }
 
 /// Rows `[n, k]` in one or more mapped parts (a joined q/k/v: its parts' rows in order).
@@ -66,19 +56,17 @@ struct Gate {
 }
 
 impl Deferred {
-    /// `m` deferred when it is an f32 or bf16 matrix stored in the compute `dtype`, blocks
-    /// held in groups of eight rows or blocks of the VNNI panels, whose packed kernel runs
-    /// here; queued for repacking.
+    /// `m` deferred when it is an f32 or bf16 matrix stored in the compute `dtype`, or blocks
+    /// held in groups of eight rows, whose packed kernel runs here; queued for repacking.
     pub fn new(m: &Mapped, dtype: DType) -> Option<Arc<Deferred>> {
         let [n, k] = m.dims[..] else { return None };
         let kind = match m.dtype {
             GgmlDType::F32 if dtype == DType::F32 && crate::cpu::fp32::available() && m.values::<f32>().is_some() => Kind::F32,
             GgmlDType::BF16 if dtype == DType::BF16 && crate::cpu::bf16::available() && m.values::<bf16>().is_some() => Kind::Bf16,
-            t if crate::cpu::quant::kernel(t) == Some(Kernel::Blocks) => {
+            t if crate::cpu::quant::kernel(t) == Some(crate::cpu::quant::Kernel::Blocks) => {
                 let f = Format::of(t)?;
                 (PackedBlocks::whole_blocks(f, m.bytes(), n, k) && PackedBlocks::groups_rows(f)).then_some(Kind::Blocks(f))?
             }
-            t if crate::cpu::quant::kernel(t) == Some(Kernel::Vnni) => (vnni_row_bytes(t, k)? * n <= m.bytes().len()).then_some(Kind::Vnni(t))?,
             _ => return None,
         };
         Some(Self::queued(vec![m.clone()], n, k, kind))
@@ -121,15 +109,7 @@ impl Deferred {
 
     /// Whether the weight is blocks.
     pub fn is_quantized(&self) -> bool {
-        matches!(self.kind, Kind::Blocks(_) | Kind::Vnni(_))
-    }
-
-    /// Row `r`'s blocks as stored (a VNNI kind's; its length was checked when the part was
-    /// taken).
-    fn blocks_row(&self, t: GgmlDType, r: usize) -> &[u8] {
-        let rb = vnni_row_bytes(t, self.k).expect("a VNNI part holds whole blocks");
-        let j = self.starts.partition_point(|&s| s <= r) - 1;
-        &self.parts[j].bytes()[(r - self.starts[j]) * rb..][..rb]
+        matches!(self.kind, Kind::Blocks(_))
     }
 
     /// Row `r` as stored (the type was checked when the part was taken).
@@ -149,22 +129,11 @@ impl Deferred {
     pub fn matmul_f32(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let staged = |o: &mut [f32]| match self.kind {
             Kind::Blocks(f) => PackedBlocks::matmul_staged(f, self.n, self.k, |g, b| self.group(f, g, b), x, m, o),
-            Kind::Vnni(t) => {
-                let row = |r| self.blocks_row(t, r);
-                match t {
-                    GgmlDType::Q8_0 => crate::cpu::q8_0::matmul_rows(self.n, self.k, row, x, m, o),
-                    GgmlDType::Q4K => crate::cpu::q4_k::matmul_rows(self.n, self.k, row, x, m, o),
-                    _ => crate::cpu::q6_k::matmul_rows(self.n, self.k, row, x, m, o),
-                }
-            }
             _ => crate::cpu::fp32::matmul_rows(self.n, self.k, |r| self.row(r), x, m, o),
         };
         let packed = |p: &Packed, o: &mut [f32]| match p {
             Packed::F32(p) => p.matmul(x, m, o),
             Packed::Blocks(p) => p.matmul(x, m, o),
-            Packed::Q8(p) => p.matmul(x, m, o),
-            Packed::Q4K(p) => p.matmul(x, m, o),
-            Packed::Q6K(p) => p.matmul(x, m, o),
             Packed::Bf16(_) => unreachable!("a bf16 weight takes bf16 activations"),
         };
         self.product(out, packed, staged);
@@ -220,16 +189,6 @@ impl Deferred {
     }
 }
 
-/// Bytes of a row of `k` values of the VNNI panels' type `t`; `None` unless whole blocks.
-fn vnni_row_bytes(t: GgmlDType, k: usize) -> Option<usize> {
-    match t {
-        GgmlDType::Q8_0 => crate::cpu::q8_0::row_bytes(k),
-        GgmlDType::Q4K => crate::cpu::q4_k::row_bytes(k),
-        GgmlDType::Q6K => crate::cpu::q6_k::row_bytes(k),
-        _ => None,
-    }
-}
-
 impl crate::cpu::repack::Repack for Deferred {
     fn repack(&self) {
         let mut g = self.gate();
@@ -255,9 +214,6 @@ impl crate::cpu::repack::Repack for Deferred {
             Kind::Bf16 => Packed::Bf16(PackedBf16::pack_rows(self.n, self.k, |r| self.row(r))),
             Kind::F32 => Packed::F32(PackedF32::pack_rows(self.n, self.k, |r| self.row(r))),
             Kind::Blocks(f) => Packed::Blocks(PackedBlocks::pack_groups(f, self.n, self.k, |g, b| self.group(f, g, b))),
-            Kind::Vnni(GgmlDType::Q8_0) => Packed::Q8(PackedQ8::pack_rows(self.n, self.k, |r| self.blocks_row(GgmlDType::Q8_0, r))),
-            Kind::Vnni(GgmlDType::Q4K) => Packed::Q4K(PackedQ4K::pack_rows(self.n, self.k, |r| self.blocks_row(GgmlDType::Q4K, r))),
-            Kind::Vnni(t) => Packed::Q6K(PackedQ6K::pack_rows(self.n, self.k, |r| self.blocks_row(t, r))),
         };
         let packed = match &self.parts[..] {
             // One part: its pages released band by band behind the copy.
@@ -275,16 +231,16 @@ mod tests {
     use crate::layers::{Fused, Linear};
     use candle_core::{Device, Module, Tensor};
 
-    /// `[n, k]` tensors written one after another to a file (as blocks of `q`, when given) and
+    /// `[n, k]` tensors written one after another to a file (as Q8_0 blocks with `q8`) and
     /// mapped back, as a GGUF's are.
-    fn mapped(ts: &[Tensor], q: Option<GgmlDType>) -> candle_core::Result<Vec<Mapped>> {
+    fn mapped(ts: &[Tensor], q8: bool) -> candle_core::Result<Vec<Mapped>> {
         let mut f = tempfile::tempfile()?;
         let mut at = vec![];
         let mut bytes = vec![];
         for t in ts {
             at.push(bytes.len());
-            let raw: Vec<u8> = match (t.dtype(), q) {
-                (_, Some(q)) => candle_core::quantized::QTensor::quantize(t, q)?.data()?.to_vec(),
+            let raw: Vec<u8> = match (t.dtype(), q8) {
+                (_, true) => candle_core::quantized::QTensor::quantize(t, GgmlDType::Q8_0)?.data()?.to_vec(),
                 (DType::BF16, _) => t.flatten_all()?.to_vec1::<bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
                 _ => t.flatten_all()?.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
             };
@@ -295,8 +251,8 @@ mod tests {
         // SAFETY: a private temporary file nobody else writes.
         let map = Arc::new(unsafe { memmap2::Mmap::map(&f)? });
         Ok(ts.iter().zip(at).map(|(t, a)| {
-            let (dt, len) = match (t.dtype(), q) {
-                (_, Some(q)) => (q, t.elem_count() / q.block_size() * q.type_size()),
+            let (dt, len) = match (t.dtype(), q8) {
+                (_, true) => (GgmlDType::Q8_0, t.elem_count() / 32 * 34),
                 (DType::BF16, _) => (GgmlDType::BF16, t.elem_count() * 2),
                 _ => (GgmlDType::F32, t.elem_count() * 4),
             };
@@ -304,30 +260,20 @@ mod tests {
         }).collect())
     }
 
-    /// Mapped f32, bf16, Q8_0, Q4_K and Q6_K layers (q/k/v-like parts joined, with biases) give
-    /// candle's product within rounding (blocks: within their quantization), and the same bits
-    /// before and after their packed copy is made (at AVX-512 with VNNI the blocks take the
-    /// VNNI panels, below it the AVX2 groups).
+    /// Mapped f32, bf16 and Q8_0 layers (q/k/v-like parts joined, with biases) give candle's
+    /// product within rounding (Q8_0: within its quantization), and the same bits before and
+    /// after their packed copy is made.
     #[test]
     fn a_mapped_layer_gives_the_same_bits_before_and_after_repacking() -> candle_core::Result<()> {
         if !crate::cpu::fp32::available() || !crate::cpu::bf16::available() {
             return Ok(());
         }
-        for (dtype, q) in [(DType::F32, None), (DType::BF16, None), (DType::F32, Some(GgmlDType::Q8_0)), (DType::F32, Some(GgmlDType::Q4K)), (DType::F32, Some(GgmlDType::Q6K))] {
-            let k = match q {
-                None => 72,
-                Some(GgmlDType::Q8_0) => 64,
-                Some(_) => 512,
-            };
+        for (dtype, q8) in [(DType::F32, false), (DType::BF16, false), (DType::F32, true)] {
+            let k = if q8 { 64 } else { 72 };
             let ws: Vec<Tensor> = [40, 8, 8].iter().enumerate().map(|(i, &n)| crate::testing::randn(70 + i as u64, (n, k), 0.3)?.to_dtype(dtype)).collect::<candle_core::Result<_>>()?;
             let bs: Vec<Tensor> = [40, 8, 8].iter().enumerate().map(|(i, &n)| crate::testing::randn(80 + i as u64, n, 0.3)?.to_dtype(dtype)).collect::<candle_core::Result<_>>()?;
-            let maps = mapped(&ws, q)?;
+            let maps = mapped(&ws, q8)?;
             let parts: Vec<Linear> = maps.iter().zip(&bs).map(|(m, b)| Linear::from_mapped(m, dtype, &Device::Cpu, Some(b.clone())).expect("a deferred layer")).collect();
-            // Every type with a packed kernel at this level is used from the file first.
-            for p in &parts {
-                let packed = q.is_none_or(crate::cpu::quant::has_kernel);
-                assert_eq!(format!("{p:?}").contains("Deferred"), packed, "{dtype:?} ({q:?}): deferred iff a packed kernel runs it");
-            }
             let fused = Fused::new(parts.clone())?;
             assert!(matches!(fused, Fused::One(..)), "the mapped parts join");
             for rows in [1, 3, 20] {
@@ -335,18 +281,13 @@ mod tests {
                 let before: Vec<Vec<f32>> = fused.forward(&x)?.iter().map(|y| y.to_dtype(DType::F32)?.flatten_all()?.to_vec1()).collect::<candle_core::Result<_>>()?;
                 crate::cpu::repack::wait();
                 let after: Vec<Vec<f32>> = fused.forward(&x)?.iter().map(|y| y.to_dtype(DType::F32)?.flatten_all()?.to_vec1()).collect::<candle_core::Result<_>>()?;
-                assert_eq!(before, after, "{dtype:?} ({q:?}), {rows} rows: staged vs packed");
+                assert_eq!(before, after, "{dtype:?} (q8 {q8}), {rows} rows: staged vs packed");
                 for ((p, w), b) in parts.iter().zip(&ws).zip(&bs) {
-                    // Blocks against their own values (the error left is the activations').
-                    let w = match q {
-                        Some(q) => candle_core::quantized::QTensor::quantize(w, q)?.dequantize(&Device::Cpu)?,
-                        None => w.to_dtype(DType::F32)?,
-                    };
-                    let want = candle_nn::Linear::new(w, Some(b.to_dtype(DType::F32)?)).forward(&x.to_dtype(DType::F32)?)?;
+                    let want = candle_nn::Linear::new(w.to_dtype(DType::F32)?, Some(b.to_dtype(DType::F32)?)).forward(&x.to_dtype(DType::F32)?)?;
                     let got = p.forward(&x)?.to_dtype(DType::F32)?;
                     let err = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
-                    let tol = if dtype == DType::BF16 || q.is_some() { 2e-2 } else { 1e-5 } * want.abs()?.max_all()?.to_scalar::<f32>()?;
-                    assert!(err <= tol, "{dtype:?} ({q:?}), {rows} rows: off by {err}, bound {tol}");
+                    let tol = if dtype == DType::BF16 || q8 { 2e-2 } else { 1e-5 } * want.abs()?.max_all()?.to_scalar::<f32>()?;
+                    assert!(err <= tol, "{dtype:?}, {rows} rows: off by {err}");
                 }
             }
         }
