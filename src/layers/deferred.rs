@@ -231,16 +231,16 @@ mod tests {
     use crate::layers::{Fused, Linear};
     use candle_core::{Device, Module, Tensor};
 
-    /// `[n, k]` tensors written one after another to a file (as Q8_0 blocks with `q8`) and
+    /// `[n, k]` tensors written one after another to a file (as blocks of `q`, when given) and
     /// mapped back, as a GGUF's are.
-    fn mapped(ts: &[Tensor], q8: bool) -> candle_core::Result<Vec<Mapped>> {
+    fn mapped(ts: &[Tensor], q: Option<GgmlDType>) -> candle_core::Result<Vec<Mapped>> {
         let mut f = tempfile::tempfile()?;
         let mut at = vec![];
         let mut bytes = vec![];
         for t in ts {
             at.push(bytes.len());
-            let raw: Vec<u8> = match (t.dtype(), q8) {
-                (_, true) => candle_core::quantized::QTensor::quantize(t, GgmlDType::Q8_0)?.data()?.to_vec(),
+            let raw: Vec<u8> = match (t.dtype(), q) {
+                (_, Some(q)) => candle_core::quantized::QTensor::quantize(t, q)?.data()?.to_vec(),
                 (DType::BF16, _) => t.flatten_all()?.to_vec1::<bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
                 _ => t.flatten_all()?.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
             };
@@ -251,8 +251,8 @@ mod tests {
         // SAFETY: a private temporary file nobody else writes.
         let map = Arc::new(unsafe { memmap2::Mmap::map(&f)? });
         Ok(ts.iter().zip(at).map(|(t, a)| {
-            let (dt, len) = match (t.dtype(), q8) {
-                (_, true) => (GgmlDType::Q8_0, t.elem_count() / 32 * 34),
+            let (dt, len) = match (t.dtype(), q) {
+                (_, Some(q)) => (q, t.elem_count() / q.block_size() * q.type_size()),
                 (DType::BF16, _) => (GgmlDType::BF16, t.elem_count() * 2),
                 _ => (GgmlDType::F32, t.elem_count() * 4),
             };
@@ -260,20 +260,31 @@ mod tests {
         }).collect())
     }
 
-    /// Mapped f32, bf16 and Q8_0 layers (q/k/v-like parts joined, with biases) give candle's
-    /// product within rounding (Q8_0: within its quantization), and the same bits before and
-    /// after their packed copy is made.
+    /// Mapped f32, bf16, Q8_0, Q4_K and Q6_K layers (q/k/v-like parts joined, with biases) give
+    /// candle's product within rounding (blocks: against their dequantized values), and the
+    /// same bits before and after their packed copy is made. Blocks are deferred where the
+    /// AVX2 groups hold them (at AVX-512 with VNNI they are packed at load).
     #[test]
     fn a_mapped_layer_gives_the_same_bits_before_and_after_repacking() -> candle_core::Result<()> {
         if !crate::cpu::fp32::available() || !crate::cpu::bf16::available() {
             return Ok(());
         }
-        for (dtype, q8) in [(DType::F32, false), (DType::BF16, false), (DType::F32, true)] {
-            let k = if q8 { 64 } else { 72 };
-            let ws: Vec<Tensor> = [40, 8, 8].iter().enumerate().map(|(i, &n)| crate::testing::randn(70 + i as u64, (n, k), 0.3)?.to_dtype(dtype)).collect::<candle_core::Result<_>>()?;
-            let bs: Vec<Tensor> = [40, 8, 8].iter().enumerate().map(|(i, &n)| crate::testing::randn(80 + i as u64, n, 0.3)?.to_dtype(dtype)).collect::<candle_core::Result<_>>()?;
-            let maps = mapped(&ws, q8)?;
-            let parts: Vec<Linear> = maps.iter().zip(&bs).map(|(m, b)| Linear::from_mapped(m, dtype, &Device::Cpu, Some(b.clone())).expect("a deferred layer")).collect();
+        for (dtype, q) in [(DType::F32, None), (DType::BF16, None), (DType::F32, Some(GgmlDType::Q8_0)), (DType::F32, Some(GgmlDType::Q4K)), (DType::F32, Some(GgmlDType::Q6K))] {
+            let k = match q {
+                None => 72,
+                Some(GgmlDType::Q8_0) => 64,
+                Some(_) => 512,
+            };
+            // Blocks in whole 16-row panels: the VNNI panels join only such parts.
+            let ns = if q.is_some() { [48, 16, 16] } else { [40, 8, 8] };
+            let ws: Vec<Tensor> = ns.iter().enumerate().map(|(i, &n)| crate::testing::randn(70 + i as u64, (n, k), 0.3)?.to_dtype(dtype)).collect::<candle_core::Result<_>>()?;
+            let bs: Vec<Tensor> = ns.iter().enumerate().map(|(i, &n)| crate::testing::randn(80 + i as u64, n, 0.3)?.to_dtype(dtype)).collect::<candle_core::Result<_>>()?;
+            let maps = mapped(&ws, q)?;
+            let parts: Vec<Linear> = maps.iter().zip(&bs).map(|(m, b)| Linear::from_mapped(m, dtype, &Device::Cpu, Some(b.clone())).expect("a packed layer")).collect();
+            for p in &parts {
+                let deferred = q.is_none_or(|q| crate::cpu::quant::kernel(q) == Some(crate::cpu::quant::Kernel::Blocks));
+                assert_eq!(format!("{p:?}").contains("Deferred"), deferred, "{dtype:?} ({q:?}): deferred iff the AVX2 groups or a float kernel hold it");
+            }
             let fused = Fused::new(parts.clone())?;
             assert!(matches!(fused, Fused::One(..)), "the mapped parts join");
             for rows in [1, 3, 20] {
@@ -281,13 +292,18 @@ mod tests {
                 let before: Vec<Vec<f32>> = fused.forward(&x)?.iter().map(|y| y.to_dtype(DType::F32)?.flatten_all()?.to_vec1()).collect::<candle_core::Result<_>>()?;
                 crate::cpu::repack::wait();
                 let after: Vec<Vec<f32>> = fused.forward(&x)?.iter().map(|y| y.to_dtype(DType::F32)?.flatten_all()?.to_vec1()).collect::<candle_core::Result<_>>()?;
-                assert_eq!(before, after, "{dtype:?} (q8 {q8}), {rows} rows: staged vs packed");
+                assert_eq!(before, after, "{dtype:?} ({q:?}), {rows} rows: staged vs packed");
                 for ((p, w), b) in parts.iter().zip(&ws).zip(&bs) {
-                    let want = candle_nn::Linear::new(w.to_dtype(DType::F32)?, Some(b.to_dtype(DType::F32)?)).forward(&x.to_dtype(DType::F32)?)?;
+                    // Blocks against their own values (the error left is the activations').
+                    let w = match q {
+                        Some(q) => candle_core::quantized::QTensor::quantize(w, q)?.dequantize(&Device::Cpu)?,
+                        None => w.to_dtype(DType::F32)?,
+                    };
+                    let want = candle_nn::Linear::new(w, Some(b.to_dtype(DType::F32)?)).forward(&x.to_dtype(DType::F32)?)?;
                     let got = p.forward(&x)?.to_dtype(DType::F32)?;
                     let err = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
-                    let tol = if dtype == DType::BF16 || q8 { 2e-2 } else { 1e-5 } * want.abs()?.max_all()?.to_scalar::<f32>()?;
-                    assert!(err <= tol, "{dtype:?}, {rows} rows: off by {err}");
+                    let tol = if dtype == DType::BF16 || q.is_some() { 2e-2 } else { 1e-5 } * want.abs()?.max_all()?.to_scalar::<f32>()?;
+                    assert!(err <= tol, "{dtype:?} ({q:?}), {rows} rows: off by {err}, bound {tol}");
                 }
             }
         }
