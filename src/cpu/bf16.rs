@@ -163,23 +163,40 @@ mod fma {
     use std::arch::x86_64::*;
 
     /// One panel against `mg` activation rows of `stride` f32 values: `res[r * 16 + lane]`.
-    /// Up to three rows at a time: twelve accumulators and four operands fill the sixteen
-    /// registers (with eight, two rows, the FMAs waited on each other's latency: 63 % of the
-    /// f32 peak on an AVX2-only EPYC VM). Every row is summed the same way whatever shares its
-    /// pass, so a row's product does not depend on its batch. Every row count runs here,
-    /// prefill too: candle's f32 GEMM on the widened weight ran nearer the f32 peak (94 %
-    /// against these panels' 73 % at 256 rows), but it sums in another order than decode, so a
-    /// prefix computed in a longer chunk gave other K/V than the same prefix from the cache.
+    /// Every row is summed the same way whatever shares its pass (its own accumulators, lines
+    /// in order), so a row's product does not depend on its batch nor on how many rows a pass
+    /// takes. Every row count runs here, prefill too: candle's f32 GEMM on the widened weight
+    /// ran nearer the f32 peak (94 % against these panels' 73 % at 256 rows), but it sums in
+    /// another order than decode, so a prefix computed in a longer chunk gave other K/V than
+    /// the same prefix from the cache.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn panel(lines: &[Line], x: &[f32], stride: usize, mg: usize, res: &mut [f32]) {
-        for r in (0..mg).step_by(3) {
+        let three = three_rows();
+        let mut r = 0;
+        while r < mg {
             let (x, out) = (&x[r * stride..], &mut res[r * PANEL..]);
             match mg - r {
                 1 => rows::<1>(lines, x, stride, out),
                 2 => rows::<2>(lines, x, stride, out),
-                _ => rows::<3>(lines, x, stride, out),
+                _ if three => rows::<3>(lines, x, stride, out),
+                _ => rows::<2>(lines, x, stride, out),
             }
+            r += if three { 3 } else { 2 };
         }
+    }
+
+    /// Whether a pass takes three rows. Three rows' twelve accumulators, four widened weights
+    /// and the broadcasts do not fit the sixteen registers, so one accumulator lives on the
+    /// stack; two rows (eight) fit but their FMAs wait more on each other's latency. On an
+    /// AVX2-only Zen 3 class VM three rows ran at 73 % of the f32 peak and two at 63 %; on a
+    /// Zen 4 (AVX-512 hardware, this kernel forced by `MERG_CPU_KERNELS=avx2`) the spilled
+    /// accumulator's store-to-load chain set the pace (`perf annotate`: 30 % of the samples on
+    /// its FMA) and two rows prefilled a 3B-width BF16 file at 1.6× the rate of three (124-126
+    /// against 73-80 tok/s, alternating runs). So CPUs with AVX-512, the only ones measured
+    /// faster with two, take two; AVX2-only CPUs keep three.
+    fn three_rows() -> bool {
+        static THREE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *THREE.get_or_init(|| !std::is_x86_feature_detected!("avx512f"))
     }
 
     /// `M` activation rows against one panel: per row and half panel one accumulator for the
