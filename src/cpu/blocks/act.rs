@@ -14,21 +14,15 @@ pub struct Q8 {
     pub q: Vec<i8>,
     pub d: Vec<f32>,
     pub s: Vec<f32>,
-    /// For each whole group of `GROUP` rows, block by block, the group's `GROUP` scales side by
-    /// side (`[group][block][row]`): the tile kernel loads them as one vector. `s8` likewise
-    /// holds `s` exact and `s8h` rounded through f16. Empty unless asked for (`tiles`).
-    pub d8: Vec<f32>,
-    pub s8: Vec<f32>,
-    pub s8h: Vec<f32>,
 }
 
-/// Activation rows the tile kernel takes at once (one 8-lane vector of results): a whole pass
-/// of `panels::run`, which hands the kernels passes of this many rows.
+/// Activation rows Q5_K's tile kernel takes at once (one 8-lane vector of results): a whole
+/// pass of `panels::run`, which hands the kernels passes of this many rows.
 pub const GROUP: usize = crate::cpu::panels::PASS_ROWS;
 
 /// Rows quantized per 256 values: `q` int8, `d` the scale, `bsums` each 16 values' Σq; `d8`
-/// the scales of each whole group of `GROUP` rows as `Q8::d8` lays them out (empty unless
-/// asked for).
+/// the scales of each whole group of `GROUP` rows side by side (`[group][block][row]`, one
+/// vector for the tile kernel; empty unless asked for).
 pub struct Q8K {
     pub k: usize,
     pub q: Vec<i8>,
@@ -49,9 +43,8 @@ fn blocks<A: Send, B: Send>(parallel: bool, x: &[f32], len: usize, q: &mut [i8],
 }
 
 impl Q8 {
-    /// `x` is `[m, k]` with `k` a multiple of 32; `tiles` also lays the scales out by group
-    /// (`d8`, `s8`, `s8h`) for the kernels that read them (the interleaved rows do not).
-    pub fn quantize(x: &[f32], m: usize, k: usize, tiles: bool) -> Q8 {
+    /// `x` is `[m, k]` with `k` a multiple of 32.
+    pub fn quantize(x: &[f32], m: usize, k: usize) -> Q8 {
         let nb = m * k / 32;
         let (mut q, mut d, mut s) = (vec![0i8; m * k], vec![0f32; nb], vec![0f32; 2 * nb]);
         blocks(m > 1, &x[..m * k], 32, &mut q, &mut d, &mut s, 2, |x, q, d, s| {
@@ -60,9 +53,7 @@ impl Q8 {
             s[0] = *d * sum as f32;
             s[1] = f16::from_f32(s[0]).to_f32();
         });
-        let m8 = if tiles { m } else { 0 };
-        let (d8, s8, s8h) = (by_group(m8, k / 32, |b| d[b]), by_group(m8, k / 32, |b| s[2 * b]), by_group(m8, k / 32, |b| s[2 * b + 1]));
-        Q8 { k, q, d, s, d8, s8, s8h }
+        Q8 { k, q, d, s }
     }
 }
 
@@ -82,7 +73,8 @@ fn by_group(m: usize, nb: usize, f: impl Fn(usize) -> f32) -> Vec<f32> {
 }
 
 impl Q8K {
-    /// `x` is `[m, k]` with `k` a multiple of 256; `tiles` as for `Q8::quantize` (`d8`).
+    /// `x` is `[m, k]` with `k` a multiple of 256; `tiles` also lays the scales out by group
+    /// (`d8`) for the tile kernel.
     pub fn quantize(x: &[f32], m: usize, k: usize, tiles: bool) -> Q8K {
         let nb = m * k / 256;
         let (mut q, mut d, mut bsums) = (vec![0i8; m * k], vec![0f32; nb], vec![0i16; nb * 16]);

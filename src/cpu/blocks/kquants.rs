@@ -27,7 +27,7 @@ pub fn scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 pub(super) mod avx2 {
     use super::super::act::{Q8K, GROUP};
-    use super::super::legacy::avx2::{f16_at, prefetch, reduce32};
+    use super::super::simd::avx2::{f16_at, prefetch, reduce32};
     use super::super::Format;
     use std::arch::x86_64::*;
 
@@ -57,7 +57,7 @@ pub(super) mod avx2 {
     }
 
     /// Row `w` (`nb` blocks of format `F`, a k-quant) against the `GROUP` activation rows of
-    /// group `g` (prefill): `out[r]`. As `legacy::avx2::tile`: each block decoded once for the
+    /// group `g` (prefill): `out[r]`. Each block is decoded once for the
     /// eight rows, and the per-block scaling, min or offset terms done for all eight rows
     /// in one vector (`reduce32`).
     #[target_feature(enable = "avx2,fma,f16c")]

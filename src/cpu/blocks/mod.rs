@@ -1,24 +1,23 @@
-//! Block-quantized weights in the file's own format (llama.cpp's blocks, row after row, byte
-//! for byte) and their AVX2 products with any number of activation rows: the kernels of every
-//! x86 machine with AVX2 + FMA (Zen 3 and most Intel client CPUs have no VNNI, so the integer
-//! dots are `vpmaddubsw` + `vpmaddwd`). The activations are quantized once per product
-//! (`act`), the weights never leave their blocks: decode streams each row once, and prefill
-//! decodes each weight block once per four activation rows (`legacy`, `kquants`), walking
-//! 16-row groups across the thread team with `panels::run` so a group stays in the core's
-//! cache while every activation row passes over it. Q4_K, the bulk of a Q4_K_M file, has its
-//! blocks interleaved eight rows at a time instead (`q4k8`: the same bits, one widening
-//! multiply per sub-block for eight rows instead of one per row, one kernel for every row count),
-//! and so do Q6_K (`q6k8`) and the 32-value formats below the AVX-512 VNNI level (`rows8`: the
-//! file's blocks regrouped, eight rows' dots scaled and summed as one vector). With AVX-512 VNNI the
-//! 32-value formats keep the file's layout: `legacy`'s rows at decode, its 512-bit tile at
-//! prefill.
+//! Block-quantized weights (llama.cpp's block formats, the file's bits) and their AVX2
+//! products with any number of activation rows: the kernels of every x86 machine with AVX2 +
+//! FMA, and at the AVX-512 level of the formats its VNNI panels do not take
+//! (`cpu::quant::kernel`). Zen 3 and most Intel client CPUs have no VNNI, so the integer dots
+//! are `vpmaddubsw` + `vpmaddwd`. The activations are quantized once per product (`act`).
+//! Every format but Q5_K is held eight rows interleaved, with one kernel for every count of
+//! activation rows, so decode and prefill give a row the same numbers (the prefix cache relies
+//! on it): Q4_K (`q4k8`: one widening multiply per sub-block for eight rows instead of one per
+//! row), Q6_K (`q6k8`) and the 32-value formats (`rows8`: the file's blocks regrouped, eight
+//! rows' dots scaled and summed as one vector). Q5_K keeps the file's row order (`kquants`:
+//! rows at decode, an eight-row tile at prefill). Products walk 16-row panels across the
+//! thread team with `panels::run`, so a panel stays in the core's cache while every activation
+//! row passes over it; `simd` holds the pieces the kernels share.
 
 pub mod act;
 mod kquants;
-mod legacy;
 mod q4k8;
 mod q6k8;
 mod rows8;
+mod simd;
 
 use candle_core::quantized::GgmlDType;
 
@@ -121,9 +120,9 @@ pub struct PackedBlocks {
     data: Vec<u8>,
 }
 
-/// Whether `format` is held in groups of eight interleaved rows at this level.
+/// Whether `format` is held in groups of eight interleaved rows (every format but Q5_K).
 fn grouped(format: Format) -> bool {
-    matches!(format, Format::Q4K | Format::Q6K) || (format.values() == 32 && !wide())
+    format != Format::Q5K
 }
 
 /// Rows in a group of `q4k8`, `q6k8` and `rows8`.
@@ -262,26 +261,15 @@ impl PackedBlocks {
         if self.grouped {
             return self.matmul_grouped(x, m, out);
         }
+        // Q5_K, in the file's layout.
         let row_bytes = k / self.format.values() * self.format.bytes();
-        if self.format.values() == 256 {
-            let a = Q8K::quantize(x, m, k, true);
-            super::panels::run(n, m, out, |p, g, mg, res| {
-                if mg == act::GROUP && g % act::GROUP == 0 {
-                    return self.tiles(p, res, row_bytes, &|w, o| tile_k(self.format, w, k / 256, &a, g / act::GROUP, o));
-                }
-                self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_k(self.format, w, k / 256, &a, r, o, rows))
-            });
-        } else {
-            // The file's layout: the AVX-512 VNNI level (`grouped`).
-            let a = Q8::quantize(x, m, k, true);
-            super::panels::run(n, m, out, |p, g, mg, res| {
-                // A whole group of activation rows (prefill) takes the eight-row tile.
-                if mg == act::GROUP && g % act::GROUP == 0 {
-                    return self.tiles(p, res, row_bytes, &|w, o| tile_32(self.format, w, k / 32, &a, g / act::GROUP, o));
-                }
-                self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_32(self.format, w, k / 32, &a, r, o, rows))
-            });
-        }
+        let a = Q8K::quantize(x, m, k, true);
+        super::panels::run(n, m, out, |p, g, mg, res| {
+            if mg == act::GROUP && g % act::GROUP == 0 {
+                return self.tiles(p, res, row_bytes, &|w, o| tile_k(self.format, w, k / 256, &a, g / act::GROUP, o));
+            }
+            self.panel(p, g, mg, res, row_bytes, &|w, r, o, rows| dispatch_k(self.format, w, k / 256, &a, r, o, rows))
+        });
     }
 
     /// This weight's groups from `data`: panel `p`'s bytes start at its first group.
@@ -344,18 +332,6 @@ macro_rules! by_format_and_rows {
     }};
 }
 
-/// A 32-value format's row against `rows` (1–4) activation rows from `r0`.
-fn dispatch_32(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], rows: usize) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c; the row holds `nb`
-    // blocks and the activations hold rows `r0..r0 + rows`.
-    unsafe {
-        by_format_and_rows!(legacy::avx2::row, f, rows, (w, nb, a, r0, out), [Q8_0, Q4_0, Q4_1, Q5_0], Q5_1)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (f, w, nb, a, r0, out, rows);
-}
-
 /// A 32-value format's group (`rows8`) against `rows` (1–4) activation rows from `r0`.
 fn rows8_pass(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], rows: usize) {
     #[cfg(target_arch = "x86_64")]
@@ -364,37 +340,12 @@ fn rows8_pass(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [
     let _ = (f, w, nb, a, r0, out, rows);
 }
 
-/// Whether the 32-value formats keep the file's layout for the 512-bit prefill tile (the
-/// AVX-512 level, with VNNI).
-fn wide() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::level() == super::Level::Avx512 && std::is_x86_feature_detected!("avx512vnni")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// A 32-value format's row in the file's layout against activation row group `g`
-/// (`act::GROUP` rows): the AVX-512 VNNI tile (below that level these formats are `rows8`).
-fn tile_32(f: Format, w: *const u8, nb: usize, a: &Q8, g: usize, out: &mut [f32]) {
-    assert!(wide(), "the file-order 32-value tile runs only with AVX-512 VNNI");
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `wide()` means the AVX-512 level (avx512f, avx512bw) with avx512vnni, and
-    // `available()` (asserted by `matmul`) avx2, fma and f16c; the row holds `nb` blocks and
-    // the activations hold group `g` whole.
-    unsafe {
-        by_format!(legacy::avx512::tile, f, (w, nb, a, g, out), [Q8_0, Q4_0, Q4_1, Q5_0], Q5_1)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (f, w, nb, a, g, out);
-}
-
 /// A k-quant row in the file's order (Q5_K) against activation row group `g` (`act::GROUP` rows).
 fn tile_k(f: Format, w: *const u8, nb: usize, a: &Q8K, g: usize, out: &mut [f32]) {
     debug_assert!(f == Format::Q5K, "Q4_K and Q6_K run on q4k8's and q6k8's groups");
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: as `tile_32`.
+    // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c; the row holds
+    // `nb` blocks and the activations hold group `g` whole.
     unsafe {
         by_format!(kquants::avx2::tile, f, (w, nb, a, g, out), [], Q5K)
     }
@@ -406,7 +357,8 @@ fn tile_k(f: Format, w: *const u8, nb: usize, a: &Q8K, g: usize, out: &mut [f32]
 fn dispatch_k(f: Format, w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], rows: usize) {
     debug_assert!(f == Format::Q5K, "Q4_K and Q6_K run on q4k8's and q6k8's groups");
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: as `dispatch_32`.
+    // SAFETY: `available()` (asserted by `matmul`) means avx2, fma and f16c; the row holds
+    // `nb` blocks and the activations hold rows `r0..r0 + rows`.
     unsafe {
         by_format_and_rows!(kquants::avx2::row, f, rows, (w, nb, a, r0, out), [], Q5K)
     }
@@ -443,7 +395,7 @@ fn grouped_product(format: Format, n: usize, k: usize, x: &[f32], m: usize, out:
             let _ = (w, nb, &a, r0, o, rows, q6);
         });
     }
-    let a = Q8::quantize(x, m, k, false);
+    let a = Q8::quantize(x, m, k);
     groups(format, n, k, m, out, panel, |w, r0, o, rows| rows8_pass(format, w, nb, &a, r0, o, rows));
 }
 
@@ -495,8 +447,7 @@ mod tests {
     }
 
     /// A row's numbers do not depend on the activation rows beside it (1 to 13 rows, bit for
-    /// bit: decode and prefill agree, which the prefix cache needs) for every format but the
-    /// 32-value ones in the file's layout (the AVX-512 VNNI tile), and joined weights (q/k/v)
+    /// bit: decode and prefill agree, which the prefix cache needs), and joined weights (q/k/v)
     /// give each part's numbers; in groups of eight rows a part that is not whole groups is
     /// not joined.
     #[test]
@@ -507,9 +458,6 @@ mod tests {
         let (k, n) = (512, 40);
         for dtype in [GgmlDType::Q4K, GgmlDType::Q5K, GgmlDType::Q6K, GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q5_1] {
             let f = Format::of(dtype).expect("a format");
-            if !grouped(f) && f.values() == 32 {
-                continue;
-            }
             let (x, blocks, _) = crate::cpu::testing::quantized_case(dtype, 13, k, n)?;
             let w = PackedBlocks::pack(f, &blocks, n, k).expect("whole blocks");
             let mut all = vec![0f32; 13 * n];

@@ -105,7 +105,7 @@ pub fn rows<const R: usize>(w: *const u8, nb: usize, a: &super::act::Q8K, r0: us
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 mod avx2 {
     use super::super::act::Q8K;
-    use super::super::legacy::avx2::{four, prefetch_step};
+    use super::super::simd::avx2::{four, prefetch_step};
     use super::{BYTES, QH, QL, SC};
     use std::arch::x86_64::*;
 

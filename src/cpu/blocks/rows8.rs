@@ -109,7 +109,7 @@ pub fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: us
 #[allow(clippy::needless_range_loop)] // `r` and `l` index several arrays at once
 mod avx2 {
     use super::super::act::Q8;
-    use super::super::legacy::avx2::{own_bits, prefetch, reduce32};
+    use super::super::simd::avx2::{own_bits, prefetch, reduce32};
     use super::super::Format;
     use super::{parts, ROWS};
     use std::arch::x86_64::*;

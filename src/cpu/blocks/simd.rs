@@ -1,0 +1,80 @@
+//! AVX2 pieces the block kernels share (`rows8`, `q4k8`, `q6k8`, `kquants`): f16 scales, a
+//! byte mask from bits, horizontal reductions of eight vectors, the four-byte activation
+//! broadcast and the weight stream's prefetch schedule.
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx2 {
+    use super::super::act::GROUP;
+    use std::arch::x86_64::*;
+
+    /// The f16 at `p` as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn f16_at(p: *const u8) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<u16>().read_unaligned() as i32)))
+    }
+
+    /// 0xFF in byte `i` where bit `i % 8` of byte `i` of `spread` is set.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn own_bits(spread: __m256i) -> __m256i {
+        // Every bit but byte i's own set: the OR is all ones exactly when that bit is.
+        let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+        _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
+    }
+
+    /// The eight i32 vectors' totals, vector `r`'s in lane `r`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn reduce32(p: &[__m256i; GROUP]) -> __m256i {
+        let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+        halves(q0, q1)
+    }
+
+    /// `q0` holds vectors 0–3's low-half sums in its low lane and their high-half sums in its
+    /// high lane, `q1` vectors 4–7's: the eight totals.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn halves(q0: __m256i, q1: __m256i) -> __m256i {
+        _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(q0, q1), _mm256_permute2x128_si256::<0x31>(q0, q1))
+    }
+
+    /// How far ahead of the block being dotted the weight stream is prefetched, in bytes.
+    pub const AHEAD: usize = 4096;
+
+    /// Prefetches the `bytes` bytes `AHEAD` past `p` into L2/L1 (one hint per cache line):
+    /// the decode step streams every weight once, and the hardware prefetchers alone left
+    /// the k-quants at 70 % of the triad bandwidth.
+    #[inline(always)]
+    pub unsafe fn prefetch(p: *const u8, bytes: usize) {
+        let mut off = 0;
+        while off < bytes {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD + off) as *const i8);
+            off += 64;
+        }
+    }
+
+    /// Four activation bytes at `p`, in every 32-bit lane (`q4k8`, `q6k8`: one broadcast
+    /// against eight interleaved rows).
+    #[inline(always)]
+    pub unsafe fn four(p: *const i8) -> __m256i {
+        _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
+    }
+
+    /// Step `i`'s share of a block's prefetch, `step` bytes a step (at most 128): a group's
+    /// block of a kilobyte or more hints a line or two per step of its loop rather than all
+    /// at its start, where a burst of 19 or 27 hints stalls on the core's fill buffers (`q6k8`
+    /// decoded at 12 GiB/s with the burst and 16 spread, on an AVX2 Zen-class VM). A fixed
+    /// count per step: a loop over a step's lines was merged back into one burst by LLVM.
+    #[inline(always)]
+    pub unsafe fn prefetch_step(p: *const u8, i: usize, step: usize) {
+        debug_assert!(step <= 128);
+        let at = p.wrapping_add(AHEAD + i * step);
+        _mm_prefetch::<_MM_HINT_T0>(at as *const i8);
+        if step > 64 {
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64) as *const i8);
+        }
+    }
+
+}
