@@ -1,13 +1,14 @@
-//! The 32-value block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) eight rows at a time, for AVX2
-//! without AVX-512 VNNI. In the file's layout each row is dotted on its own: per block of 32
-//! values a row pays for its integer dot and then, alone, for converting it, loading and
-//! multiplying its scale, one FMA and its offset term, and each row ends in a horizontal sum
-//! (on a 0.5B model's rows of 896 values, 28 blocks, that overhead was a large part of a
-//! decode step). Here block `b` of eight rows lies together, so the eight rows' integer dots
-//! are reduced into the lanes of one vector and scaled, offset and accumulated by a few
-//! vector instructions for all eight. A block's integer dot is exact and the blocks are added
-//! in one order whatever the number of activation rows in a pass, so decode and prefill give
-//! a row the same numbers (the prefix cache relies on it).
+//! The 32-value block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) eight rows at a time, with AVX2
+//! (at the AVX-512 level with VNNI the 4/5-bit dots take 256-bit `vpdpbusd`, the same sums in
+//! fewer instructions; Q8_0 there takes `q8_0`'s panels). In the file's layout each row is
+//! dotted on its own: per block of 32 values a row pays for its integer dot and then, alone,
+//! for converting it, loading and multiplying its scale, one FMA and its offset term, and each
+//! row ends in a horizontal sum (on a 0.5B model's rows of 896 values, 28 blocks, that overhead
+//! was a large part of a decode step). Here block `b` of eight rows lies together, so the eight
+//! rows' integer dots are reduced into the lanes of one vector and scaled, offset and
+//! accumulated by a few vector instructions for all eight. A block's integer dot is exact and
+//! the blocks are added in one order whatever the number of activation rows in a pass, so
+//! decode and prefill give a row the same numbers (the prefix cache relies on it).
 //!
 //! A group's block `b` is the file's eight blocks `b` of rows `8g..8g+8` regrouped, the same
 //! bytes: the eight `d` (f16), the eight `m` (the min formats Q4_1, Q5_1), the eight fifth-bit
@@ -99,10 +100,20 @@ pub fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: us
     unsafe {
         if F == Format::Q8_0 as u8 {
             avx2::rows_q8::<R>(w, nb, a, r0, out, stride)
+        } else if vnni() {
+            avx2::rows_paired_vnni::<F, R>(w, nb, a, r0, out, stride)
         } else {
             avx2::rows_paired::<F, R>(w, nb, a, r0, out, stride)
         }
     }
+}
+
+/// Whether the 4/5-bit pairs take 256-bit `vpdpbusd` (the AVX-512 level, with VNNI and VL):
+/// the same exact integer dots as `vpmaddubsw` + `vpmaddwd`, so the same bits.
+#[cfg(target_arch = "x86_64")]
+fn vnni() -> bool {
+    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VNNI.get_or_init(|| super::super::level() == super::super::Level::Avx512 && std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl"))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -141,43 +152,67 @@ mod avx2 {
         _mm256_and_si256(own_bits(spread), _mm256_set1_epi8(0x10))
     }
 
-    /// The 4/5-bit formats: pairs of rows per vector (the module's notes).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn rows_paired<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize) {
-        let f = Format::from_id(F);
-        let min = matches!(f, Format::Q4_1 | Format::Q5_1);
-        let offset = if f == Format::Q4_0 { -8.0 } else { -16.0 };
-        let (gb, ones) = (ROWS * f.bytes(), _mm256_set1_epi16(1));
-        let (mut acc, mut corr) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
-        for b in 0..nb {
-            let blk = w.add(b * gb);
-            prefetch(blk, gb);
-            let mut u = [(_mm256_setzero_si256(), _mm256_setzero_si256()); ROWS / 2];
-            for k in 0..ROWS / 2 {
-                u[k] = pair::<F>(blk, k);
-            }
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
-            let c = if min { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i)) } else { _mm256_mul_ps(d, _mm256_set1_ps(offset)) };
-            for r in 0..R {
-                let at = (r0 + r) * nb + b;
-                let x = a.q.as_ptr().add(at * 32);
-                let (xl, xh) = (_mm256_broadcastsi128_si256(_mm_loadu_si128(x as *const __m128i)), _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(16) as *const __m128i)));
-                // A lane's pair sums: at most 2 · 31 · 127 each, 15 748 for the two halves,
-                // 31 496 after one horizontal add: still an i16.
-                let p = u.map(|(lo, hi)| _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)));
-                let p01 = _mm256_madd_epi16(_mm256_hadd_epi16(p[0], p[1]), ones);
-                let p23 = _mm256_madd_epi16(_mm256_hadd_epi16(p[2], p[3]), ones);
-                // Lanes: rows 0-3 in the low half, 4-7 in the high one.
-                let sums = _mm256_hadd_epi32(p01, p23);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(*a.d.get_unchecked(at))), acc[r]);
-                // The min formats take `s` through f16, as ggml's `block_q8_1` holds it.
-                corr[r] = _mm256_fmadd_ps(c, _mm256_set1_ps(*a.s.get_unchecked(2 * at + min as usize)), corr[r]);
-            }
-        }
-        for r in 0..R {
-            _mm256_storeu_ps(out.as_mut_ptr().add(r * stride), _mm256_add_ps(acc[r], corr[r]));
-        }
+    /// The 4/5-bit formats' eight row sums of one block against one activation row, rows
+    /// 0-3 in the low half and 4-7 in the high one: `vpmaddubsw` pair sums of each row pair
+    /// (a lane's pair sums: at most 2 · 31 · 127 each, 15 748 for the two halves, 31 496
+    /// after one horizontal add: still an i16), reduced by horizontal adds.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn sums_maddubs(u: &[(__m256i, __m256i); ROWS / 2], xl: __m256i, xh: __m256i) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let p = u.map(|(lo, hi)| _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)));
+        let p01 = _mm256_madd_epi16(_mm256_hadd_epi16(p[0], p[1]), ones);
+        let p23 = _mm256_madd_epi16(_mm256_hadd_epi16(p[2], p[3]), ones);
+        _mm256_hadd_epi32(p01, p23)
     }
+
+    /// `sums_maddubs` with `vpdpbusd`: each row pair's four-product sums in i32 at once.
+    #[inline]
+    #[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+    unsafe fn sums_dpbusd(u: &[(__m256i, __m256i); ROWS / 2], xl: __m256i, xh: __m256i) -> __m256i {
+        let p = u.map(|(lo, hi)| _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xl), hi, xh));
+        _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]))
+    }
+
+    /// The 4/5-bit formats: pairs of rows per vector (the module's notes), one kernel per way
+    /// of summing a block (`$sums`, with the target features `$features` it needs).
+    macro_rules! rows_paired {
+        ($name:ident, $features:literal, $sums:ident) => {
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize) {
+                let f = Format::from_id(F);
+                let min = matches!(f, Format::Q4_1 | Format::Q5_1);
+                let offset = if f == Format::Q4_0 { -8.0 } else { -16.0 };
+                let gb = ROWS * f.bytes();
+                let (mut acc, mut corr) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
+                for b in 0..nb {
+                    let blk = w.add(b * gb);
+                    prefetch(blk, gb);
+                    let mut u = [(_mm256_setzero_si256(), _mm256_setzero_si256()); ROWS / 2];
+                    for k in 0..ROWS / 2 {
+                        u[k] = pair::<F>(blk, k);
+                    }
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+                    let c = if min { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i)) } else { _mm256_mul_ps(d, _mm256_set1_ps(offset)) };
+                    for r in 0..R {
+                        let at = (r0 + r) * nb + b;
+                        let x = a.q.as_ptr().add(at * 32);
+                        let (xl, xh) = (_mm256_broadcastsi128_si256(_mm_loadu_si128(x as *const __m128i)), _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(16) as *const __m128i)));
+                        // Lanes: rows 0-3 in the low half, 4-7 in the high one.
+                        let sums = $sums(&u, xl, xh);
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_set1_ps(*a.d.get_unchecked(at))), acc[r]);
+                        // The min formats take `s` through f16, as ggml's `block_q8_1` holds it.
+                        corr[r] = _mm256_fmadd_ps(c, _mm256_set1_ps(*a.s.get_unchecked(2 * at + min as usize)), corr[r]);
+                    }
+                }
+                for r in 0..R {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(r * stride), _mm256_add_ps(acc[r], corr[r]));
+                }
+            }
+        };
+    }
+    rows_paired!(rows_paired, "avx2,fma,f16c", sums_maddubs);
+    rows_paired!(rows_paired_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", sums_dpbusd);
 
     /// Q8_0: each row's signed bytes a vector, their signs moved onto the activations
     /// (`vpmaddubsw` takes unsigned × signed).
@@ -209,5 +244,43 @@ mod avx2 {
         for r in 0..R {
             _mm256_storeu_ps(out.as_mut_ptr().add(r * stride), acc[r]);
         }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use candle_core::quantized::GgmlDType;
+
+    /// `vpdpbusd`'s block sums give the bits of `vpmaddubsw` + `vpmaddwd`'s (both exact), so a
+    /// file gives the same numbers at either level: every 4/5-bit format, a group of seven
+    /// rows (the eighth zero), three activation rows, eight blocks.
+    #[test]
+    fn vnni_sums_give_the_avx2_bits() -> candle_core::Result<()> {
+        if !vnni() {
+            eprintln!("no AVX-512 VNNI at this level: nothing to compare");
+            return Ok(());
+        }
+        fn check<const F: u8>(dtype: GgmlDType) -> candle_core::Result<()> {
+            let (f, m, k, n) = (Format::from_id(F), 3, 256, 7);
+            let (x, blocks, _) = crate::cpu::testing::quantized_case(dtype, m, k, n)?;
+            let mut group = vec![0u8; group_bytes(f, k)];
+            pack_group(f, &blocks, n, k / 32, 0, &mut group);
+            let a = Q8::quantize(&x, m, k);
+            let (mut want, mut got) = ([0f32; 3 * ROWS], [0f32; 3 * ROWS]);
+            // SAFETY: `vnni()` checked avx512vnni and avx512vl at the AVX-512 level (avx2,
+            // fma and f16c with it); the group holds k / 32 blocks and the activations 3 rows.
+            unsafe {
+                avx2::rows_paired::<F, 3>(group.as_ptr(), k / 32, &a, 0, &mut want, ROWS);
+                avx2::rows_paired_vnni::<F, 3>(group.as_ptr(), k / 32, &a, 0, &mut got, ROWS);
+            }
+            assert_eq!(got, want, "{f:?}");
+            assert!(want.iter().any(|v| *v != 0.0), "{f:?}: a product of zeros proves nothing");
+            Ok(())
+        }
+        check::<{ Format::Q4_0 as u8 }>(GgmlDType::Q4_0)?;
+        check::<{ Format::Q4_1 as u8 }>(GgmlDType::Q4_1)?;
+        check::<{ Format::Q5_0 as u8 }>(GgmlDType::Q5_0)?;
+        check::<{ Format::Q5_1 as u8 }>(GgmlDType::Q5_1)
     }
 }
