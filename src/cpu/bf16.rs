@@ -195,8 +195,7 @@ mod fma {
     /// against 73-80 tok/s, alternating runs). So CPUs with AVX-512, the only ones measured
     /// faster with two, take two; AVX2-only CPUs keep three.
     fn three_rows() -> bool {
-        static THREE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *THREE.get_or_init(|| !std::is_x86_feature_detected!("avx512f"))
+        !std::is_x86_feature_detected!("avx512f")
     }
 
     /// `M` activation rows against one panel: per row and half panel one accumulator for the

@@ -108,12 +108,12 @@ pub fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: us
     }
 }
 
-/// Whether the 4/5-bit pairs take 256-bit `vpdpbusd` (the AVX-512 level, with VNNI and VL):
-/// the same exact integer dots as `vpmaddubsw` + `vpmaddwd`, so the same bits.
+/// Whether the 4/5-bit pairs take 256-bit `vpdpbusd` (the AVX-512 level with VNNI, as
+/// `q8_0`'s panels, and VL): the same exact integer dots as `vpmaddubsw` + `vpmaddwd`, so the
+/// same bits.
 #[cfg(target_arch = "x86_64")]
 fn vnni() -> bool {
-    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *VNNI.get_or_init(|| super::super::level() == super::super::Level::Avx512 && std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl"))
+    crate::cpu::q8_0::available() && std::is_x86_feature_detected!("avx512vl")
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -76,5 +76,4 @@ pub(super) mod avx2 {
             _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64) as *const i8);
         }
     }
-
 }
