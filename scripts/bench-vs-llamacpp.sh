@@ -10,7 +10,7 @@ usage() {
 usage: scripts/bench-vs-llamacpp.sh [--level native|avx2] [--gguf FILE...] [-p P] [-n N]
                                     [-t THREADS] [-r REPS] [--out DIR] [--prepare-only]
 
-Runs llama-bench and `merg bench` on each GGUF file (engines alternate file by file) and
+Runs llama-bench and `merg bench` on each GGUF file (taking turns repetition by repetition) and
 prints a table of prefill / decode tokens/s and merg ÷ llama.cpp ratios, then one of peak
 resident memory (anonymous + file-backed) and time from start to the first token.
 
@@ -111,33 +111,43 @@ print("?")
 PYEOF
 }
 
-# --- runs: per file both engines, the first engine alternating from file to file --------------
+# --- runs: per file, the engines take turns repetition by repetition ------------------------------
+# This host's memory bandwidth can move by a third within minutes; interleaving one llama-bench
+# and one `merg bench` per repetition (the first engine alternating) exposes both to the same
+# drift, so one run's ratios hold where engine-after-engine blocks would not.
 # Resident memory of both engines is sampled alike (scripts/peak_rss.py: anonymous and
-# file-backed, every 20 ms): llama-bench's whole run, merg's first repetition (same prompt and
-# decode lengths). Start to first token: each engine loads the file and computes one prompt
-# token, no warm-up, twice (the faster counts: the page cache is warm by then).
+# file-backed, every 20 ms) over each engine's first repetition (same prompt and decode
+# lengths). Start to first token: each engine loads the file and computes one prompt token,
+# no warm-up, twice (the faster counts: the page cache is warm by then).
 PEAK=("$PY" "$ROOT/scripts/peak_rss.py")
-run_llama() {  # file name
-  "${PEAK[@]}" "$OUT/$2.llama.mem.json" -- "$LDIR/bin/llama-bench" -m "$1" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" -o json \
-    > "$OUT/$2.llama.json" 2> "$OUT/$2.llama.log" || die "llama-bench failed on $1: see $OUT/$2.llama.log"
+llama_rep() {  # file name repetition
+  local peak=()
+  (($3 == 1)) && peak=("${PEAK[@]}" "$OUT/$2.llama.mem.json" --)
+  "${peak[@]}" "$LDIR/bin/llama-bench" -m "$1" -p "$P" -n "$N" -t "$THREADS" -r 1 -o json \
+    > "$OUT/$2.llama.$3.json" 2>> "$OUT/$2.llama.log" || die "llama-bench failed on $1: see $OUT/$2.llama.log"
+}
+llama_start() {  # file name
   for i in 1 2; do
     "${PEAK[@]}" "$OUT/$2.llama.start.$i.json" -- "$LDIR/bin/llama-bench" -m "$1" -p 1 -n 0 -t "$THREADS" -r 1 --no-warmup \
       > /dev/null 2>> "$OUT/$2.llama.log" || die "llama-bench failed on $1: see $OUT/$2.llama.log"
   done
 }
-run_merg() {  # file name format
-  local extra=()
+merg_args() {  # format: extra `merg bench` arguments
   # A BF16 file: compute in bf16 as llama.cpp does (merg's CPU default would widen it to f32).
-  [[ $3 == BF16 ]] && extra=(--dtype bf16)
-  for ((i = 1; i <= REPS; i++)); do
-    local peak=()
-    ((i == 1)) && peak=("${PEAK[@]}" "$OUT/$2.merg.mem.json" --)
-    "${peak[@]}" env "${MERG_ENV[@]}" "$MERG" bench --model "$1" --prompt-tokens "$P" --decode-tokens "$N" --no-roofline "${extra[@]}" \
-      > "$OUT/$2.merg.$i.out" 2> "$OUT/$2.merg.$i.log" || die "merg bench failed on $1: see $OUT/$2.merg.$i.log"
-  done
+  [[ $1 == BF16 ]] && echo --dtype bf16 || true
+}
+merg_rep() {  # file name format repetition
+  local peak=()
+  (($4 == 1)) && peak=("${PEAK[@]}" "$OUT/$2.merg.mem.json" --)
+  # shellcheck disable=SC2046  # merg_args prints whole words
+  "${peak[@]}" env "${MERG_ENV[@]}" "$MERG" bench --model "$1" --prompt-tokens "$P" --decode-tokens "$N" --no-roofline $(merg_args "$3") \
+    > "$OUT/$2.merg.$4.out" 2> "$OUT/$2.merg.$4.log" || die "merg bench failed on $1: see $OUT/$2.merg.$4.log"
+}
+merg_start() {  # file name format
   for i in 1 2; do
+    # shellcheck disable=SC2046
     "${PEAK[@]}" "$OUT/$2.merg.start.$i.json" -- env "${MERG_ENV[@]}" "$MERG" bench --model "$1" --prompt-tokens 1 --decode-tokens 1 \
-      --warmup 0 --no-roofline "${extra[@]}" > "$OUT/$2.merg.start.$i.out" 2>> "$OUT/$2.merg.start.log" || die "merg bench failed on $1: see $OUT/$2.merg.start.log"
+      --warmup 0 --no-roofline $(merg_args "$3") > "$OUT/$2.merg.start.$i.out" 2>> "$OUT/$2.merg.start.log" || die "merg bench failed on $1: see $OUT/$2.merg.start.log"
   done
 }
 # Other work on the machine skews both engines (llama.cpp's spinning threads most): say how busy it was.
@@ -146,8 +156,12 @@ k=0 ROWS=()
 for f in "${GGUFS[@]}"; do
   name=$(basename "$f" .gguf) fmt=$(gguf_format "$f")
   echo "-- $name ($fmt)"
-  if ((k++ % 2 == 0)); then run_llama "$f" "$name"; run_merg "$f" "$name" "$fmt"; else run_merg "$f" "$name" "$fmt"; run_llama "$f" "$name"; fi
-  ROWS+=("$f|$fmt")
+  for ((i = 1; i <= REPS; i++)); do
+    if (((k + i) % 2)); then llama_rep "$f" "$name" "$i"; merg_rep "$f" "$name" "$fmt" "$i"
+    else merg_rep "$f" "$name" "$fmt" "$i"; llama_rep "$f" "$name" "$i"; fi
+  done
+  llama_start "$f" "$name"; merg_start "$f" "$name" "$fmt"
+  k=$((k + 1)) ROWS+=("$f|$fmt")
 done
 
 # --- the table -------------------------------------------------------------------------------
@@ -187,9 +201,10 @@ print(hdr); print("-" * len(hdr))
 for row in rows:
     f, kind = row.rsplit("|", 1)
     name = os.path.basename(f)[:-5]
-    llama = json.load(open(f"{out}/{name}.llama.json"))
-    lpp = next(x for x in llama if x["n_prompt"] > 0 and x["n_gen"] == 0)["samples_ts"]
-    ltg = next(x for x in llama if x["n_gen"] > 0 and x["n_prompt"] == 0)["samples_ts"]
+    llama = [x for i in range(1, int(R) + 1) for x in json.load(open(f"{out}/{name}.llama.{i}.json"))]
+    json.dump(llama, open(f"{out}/{name}.llama.json", "w"), indent=1)
+    lpp = [t for x in llama if x["n_prompt"] > 0 and x["n_gen"] == 0 for t in x["samples_ts"]]
+    ltg = [t for x in llama if x["n_gen"] > 0 and x["n_prompt"] == 0 for t in x["samples_ts"]]
     recs = [merg_record(f"{out}/{name}.merg.{i}.out") for i in range(1, int(R) + 1)]
     json.dump(recs, open(f"{out}/{name}.merg.json", "w"), indent=1)
     mpp = [x["prefill_tokens_per_s"] for x in recs]; mtg = [x["decode_tokens_per_s"] for x in recs]
