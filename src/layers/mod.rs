@@ -101,33 +101,62 @@ pub fn gated(a: Act, g: &Tensor, u: &Tensor) -> Result<Tensor> {
     act(a, g)? * u
 }
 
-/// `f(a, b)` elementwise into a new tensor, on contiguous CPU f32 or bf16 tensors of one
-/// shape (the caller checked it); `None` when the tensors are not such.
+/// `f(a, b)` elementwise into a new tensor, on CPU f32 or bf16 tensors of one shape (the
+/// caller checked it) whose rows are contiguous: whole contiguous tensors, or row-strided views
+/// such as the gate and up halves narrowed from a joined gate_up product at prefill (without
+/// that, every prefill's SiLU went through candle's strided unary map and scalar `expf`).
+/// `None` when the tensors are not such.
 fn binary_cpu(a: &Tensor, b: &Tensor, f32_op: fn(&[f32], &[f32], &mut [f32]), bf16_op: fn(&[half::bf16], &[half::bf16], &mut [half::bf16])) -> Result<Option<Tensor>> {
     use candle_core::{DType, Storage};
-    if !crate::cpu::host_paths(a.device()) || !a.is_contiguous() || !b.is_contiguous() {
+    if !crate::cpu::host_paths(a.device()) {
         return Ok(None);
     }
-    crate::cpu::note_kernel_run();
-    let n = a.elem_count();
-    let (sa, la) = a.storage_and_layout();
-    let (sb, lb) = b.storage_and_layout();
+    let (Some(ra), Some(rb)) = (Rows::of(a), Rows::of(b)) else { return Ok(None) };
+    let (sa, _) = a.storage_and_layout();
+    let (sb, _) = b.storage_and_layout();
     let (Storage::Cpu(ca), Storage::Cpu(cb)) = (&*sa, &*sb) else { return Ok(None) };
-    let (oa, ob) = (la.start_offset(), lb.start_offset());
     let y = match a.dtype() {
-        DType::F32 => {
-            let mut out = vec![0f32; n];
-            f32_op(&ca.as_slice::<f32>()?[oa..oa + n], &cb.as_slice::<f32>()?[ob..ob + n], &mut out);
-            Tensor::from_vec(out, a.shape(), a.device())?
-        }
-        DType::BF16 => {
-            let mut out = vec![half::bf16::ZERO; n];
-            bf16_op(&ca.as_slice::<half::bf16>()?[oa..oa + n], &cb.as_slice::<half::bf16>()?[ob..ob + n], &mut out);
-            Tensor::from_vec(out, a.shape(), a.device())?
-        }
+        DType::F32 => Tensor::from_vec(ra.zip(rb, ca.as_slice::<f32>()?, cb.as_slice::<f32>()?, f32_op), a.shape(), a.device())?,
+        DType::BF16 => Tensor::from_vec(ra.zip(rb, ca.as_slice::<half::bf16>()?, cb.as_slice::<half::bf16>()?, bf16_op), a.shape(), a.device())?,
         _ => return Ok(None),
     };
+    crate::cpu::note_kernel_run();
     Ok(Some(y))
+}
+
+/// A tensor's values as `count` rows of `len` contiguous values, `stride` apart from `start`.
+#[derive(Clone, Copy)]
+struct Rows {
+    start: usize,
+    count: usize,
+    len: usize,
+    stride: usize,
+}
+
+impl Rows {
+    fn of(t: &Tensor) -> Option<Rows> {
+        let l = t.layout();
+        let (dims, strides) = (l.dims(), l.stride());
+        let start = l.start_offset();
+        if l.is_contiguous() || dims.len() < 2 {
+            return l.is_contiguous().then_some(Rows { start, count: 1, len: t.elem_count(), stride: 0 });
+        }
+        let r = dims.len() - 1;
+        // The last dimension contiguous, the leading ones (those of size 1 aside: their
+        // stride is arbitrary) one run of rows.
+        let lead: Vec<(usize, usize)> = (0..r).filter(|&i| dims[i] != 1).map(|i| (dims[i], strides[i])).collect();
+        let one_run = lead.windows(2).all(|w| w[0].1 == w[1].1 * w[1].0);
+        (strides[r] == 1 && one_run).then(|| Rows { start, count: dims[..r].iter().product(), len: dims[r], stride: lead.last().map_or(0, |l| l.1) })
+    }
+
+    /// `op` row by row into one contiguous vector (both tensors have this shape).
+    fn zip<T: Copy + Default>(self, b: Rows, va: &[T], vb: &[T], op: fn(&[T], &[T], &mut [T])) -> Vec<T> {
+        let mut out = vec![T::default(); self.count * self.len];
+        for (i, o) in out.chunks_exact_mut(self.len.max(1)).enumerate() {
+            op(&va[self.start + i * self.stride..][..self.len], &vb[b.start + i * b.stride..][..self.len], o);
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -150,6 +179,15 @@ mod tests {
             assert!(diff(&gated(Act::Silu, &a, &b)?, &want)? <= bound, "{dt:?} silu·u");
             let (at, bt) = (a.t()?, b.t()?);
             assert_eq!(diff(&add(&at, &bt)?, &(&at + &bt)?)?, 0.0, "{dt:?} strided add");
+            // The halves of a joined gate_up product: rows `stride` apart, each contiguous.
+            let joined = Tensor::cat(&[&a, &b], 1)?;
+            let (g, u) = (joined.narrow(1, 0, 77)?, joined.narrow(1, 77, 77)?);
+            assert!(!g.is_contiguous() && Rows::of(&g).is_some(), "a row-strided view");
+            assert_eq!(diff(&gated(Act::Silu, &g, &u)?, &gated(Act::Silu, &a, &b)?)?, 0.0, "{dt:?} narrowed silu·u");
+            let joined3 = joined.unsqueeze(1)?;
+            let (g3, u3) = (joined3.narrow(2, 0, 77)?, joined3.narrow(2, 77, 77)?);
+            assert_eq!(diff(&gated(Act::Silu, &g3, &u3)?, &gated(Act::Silu, &a, &b)?.unsqueeze(1)?)?, 0.0, "{dt:?} narrowed silu·u, rank 3");
+            assert_eq!(diff(&add(&g3, &u3)?, &(&g3 + &u3)?)?, 0.0, "{dt:?} narrowed add, rank 3");
             assert_eq!(diff(&gated(Act::Gelu, &a, &b)?, &(a.gelu_erf()? * &b)?)?, 0.0, "{dt:?} gelu");
         }
         Ok(())
