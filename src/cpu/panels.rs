@@ -258,33 +258,49 @@ pub fn run_pairs(n: usize, m: usize, out: &mut [f32], kernel: impl Fn(usize, usi
     assert!(out.len() >= m * n, "panel product: output shorter than [{m}, {n}]");
     let panels = n.div_ceil(PANEL);
     let per_task = super::matvec::rows_per_task(panels, m).min(panels).max(1);
-    // Results panel-major ([panel][m][16]) so each task writes one contiguous run.
-    let mut t = vec![0f32; panels * m * PANEL];
-    let stride = m * PANEL;
-    super::team::chunks_mut(&mut t, per_task * stride, |c, chunk| {
-        let count = chunk.len() / stride;
-        let mut i = 0;
-        while i < count {
+    let rows = Rows(out.as_mut_ptr());
+    // Each pass lands in a zeroed scratch of at most PASS_ROWS × 16 values per panel and goes
+    // straight to its rows of `out` while in L1 (a [m][panels][16] buffer for the whole
+    // product cost a memset and a copy of the output through memory: at prefill, output
+    // bytes ÷ weight bytes is m ÷ k-ish, a few % of a bf16 product).
+    super::team::run(panels.div_ceil(per_task), &|c| {
+        let (first, end) = (c * per_task, ((c + 1) * per_task).min(panels));
+        let mut p = first;
+        while p < end {
             // Two panels where a pair kernel is given and the task holds the next one too.
-            let pair = pair.as_ref().filter(|_| i + 1 < count);
-            let width = if pair.is_some() { 2 } else { 1 };
-            let (a, b) = chunk[i * stride..(i + width) * stride].split_at_mut(stride);
+            let pair = pair.as_ref().filter(|_| p + 1 < end);
             for g in (0..m).step_by(PASS_ROWS) {
                 let mg = (m - g).min(PASS_ROWS);
-                let r = g * PANEL..(g + mg) * PANEL;
+                let mut res = [[0f32; PASS_ROWS * PANEL]; 2];
+                let [a, b] = &mut res;
                 match pair {
-                    Some(pair) => pair(c * per_task + i, g, mg, &mut a[r.clone()], &mut b[r]),
-                    None => kernel(c * per_task + i, g, mg, &mut a[r]),
+                    Some(pair) => pair(p, g, mg, &mut a[..mg * PANEL], &mut b[..mg * PANEL]),
+                    None => kernel(p, g, mg, &mut a[..mg * PANEL]),
+                }
+                for (i, r) in res.iter().take(if pair.is_some() { 2 } else { 1 }).enumerate() {
+                    let cols = PANEL.min(n - (p + i) * PANEL);
+                    for j in 0..mg {
+                        // SAFETY: row `g + j`'s columns of panel `p + i` lie inside `out`
+                        // (asserted `m · n` long) and belong to this task alone, and `out` is
+                        // borrowed mutably until `run` returns, after every task.
+                        unsafe { rows.write((g + j) * n + (p + i) * PANEL, &r[j * PANEL..j * PANEL + cols]) };
+                    }
                 }
             }
-            i += width;
+            p += if pair.is_some() { 2 } else { 1 };
         }
     });
-    for p in 0..panels {
-        let cols = PANEL.min(n - p * PANEL);
-        for r in 0..m {
-            out[r * n + p * PANEL..][..cols].copy_from_slice(&t[(p * m + r) * PANEL..][..cols]);
-        }
+}
+
+/// The output's base pointer, shared by the tasks, which write disjoint columns of it.
+struct Rows(*mut f32);
+// SAFETY: only used as `run_pairs` says: disjoint writes while the slice is borrowed.
+unsafe impl Sync for Rows {}
+
+impl Rows {
+    /// Copies `v` to `at..at + v.len()`. Caller: in bounds, and no other thread touches it.
+    unsafe fn write(&self, at: usize, v: &[f32]) {
+        std::ptr::copy_nonoverlapping(v.as_ptr(), self.0.add(at), v.len());
     }
 }
 
