@@ -93,6 +93,72 @@ impl Shape {
     }
 }
 
+/// A prefill's attention weights in one pass: row `r` of `x` (`cols` scores) becomes
+/// `softmax(x[r] · scale + mask[r mod mask_rows])` in f32, the mask additive (0 or −∞), `out`
+/// taking the rows in `x`'s type. Each row's softmax is candle's (`softmax_last_dim`: the
+/// max, `exp` of the differences, their sum, each divided by it); for bf16 the scaled score is
+/// rounded to bf16 first, with the scale itself in bf16, as a bf16 model's `scores · scale`
+/// does. This replaces four passes over the `[heads, queries, keys]` scores (scale, mask add,
+/// and softmax's widening and narrowing), each with its own allocation.
+pub fn masked_softmax<T: Score>(x: &[T], cols: usize, scale: f64, mask: &[f32], out: &mut [T]) {
+    let mask_rows = mask.len() / cols.max(1);
+    assert!(cols > 0 && mask_rows > 0 && x.len() == out.len() && x.len().is_multiple_of(cols), "masked_softmax: rows of {cols} scores and of mask");
+    let scale = T::scale(scale);
+    // About 64 KiB of scores per task.
+    let rows_per_task = (16384 / cols).max(1);
+    super::team::chunks_mut(out, rows_per_task * cols, |c, o| {
+        let mut p = vec![0f32; cols];
+        for (i, row) in o.chunks_exact_mut(cols).enumerate() {
+            let r = c * rows_per_task + i;
+            let (xr, mr) = (&x[r * cols..][..cols], &mask[(r % mask_rows) * cols..][..cols]);
+            let mut max = f32::NEG_INFINITY;
+            for ((p, &v), &m) in p.iter_mut().zip(xr).zip(mr) {
+                *p = T::scaled(v, scale) + m;
+                max = max.max(*p);
+            }
+            let mut sum = 0f32;
+            for p in p.iter_mut() {
+                *p = (*p - max).exp();
+                sum += *p;
+            }
+            for (o, p) in row.iter_mut().zip(&p) {
+                *o = T::from(p / sum);
+            }
+        }
+    });
+}
+
+/// An attention score type: f32, or bf16 as a bf16 model's ops round it.
+pub trait Score: Copy + Send + Sync {
+    /// The scale as this type holds it (candle's affine takes it in the tensor's dtype).
+    fn scale(s: f64) -> f32;
+    /// `v · scale` as the tensor op would store it, widened to f32.
+    fn scaled(v: Self, scale: f32) -> f32;
+    fn from(v: f32) -> Self;
+}
+impl Score for f32 {
+    fn scale(s: f64) -> f32 {
+        s as f32
+    }
+    fn scaled(v: f32, scale: f32) -> f32 {
+        v * scale
+    }
+    fn from(v: f32) -> f32 {
+        v
+    }
+}
+impl Score for bf16 {
+    fn scale(s: f64) -> f32 {
+        bf16::from_f64(s).to_f32()
+    }
+    fn scaled(v: bf16, scale: f32) -> f32 {
+        bf16::from_f32(v.to_f32() * scale).to_f32()
+    }
+    fn from(v: f32) -> bf16 {
+        bf16::from_f32(v)
+    }
+}
+
 /// Eight partial sums so the compiler vectorises.
 fn dot<T: Value>(a: &[f32], b: &[T]) -> f32 {
     let mut acc = [0f32; 8];
