@@ -96,7 +96,8 @@ impl Shape {
 /// A prefill's attention weights in one pass: row `r` of `x` (`cols` scores) becomes
 /// `softmax(x[r] · scale + mask[r mod mask_rows])` in f32, the mask additive (0 or −∞), `out`
 /// taking the rows in `x`'s type. Each row's softmax is candle's (`softmax_last_dim`: the
-/// max, `exp` of the differences, their sum, each divided by it); for bf16 the scaled score is
+/// max, `exp` of the differences, their sum, each divided by it) with the vector `exp` of
+/// `elementwise::exp_sub_sum` (within 4 ulp of libm's); for bf16 the scaled score is
 /// rounded to bf16 first, with the scale itself in bf16, as a bf16 model's `scores · scale`
 /// does. This replaces four passes over the `[heads, queries, keys]` scores (scale, mask add,
 /// and softmax's widening and narrowing), each with its own allocation.
@@ -111,21 +112,34 @@ pub fn masked_softmax<T: Score>(x: &[T], cols: usize, scale: f64, mask: &[f32], 
         for (i, row) in o.chunks_exact_mut(cols).enumerate() {
             let r = c * rows_per_task + i;
             let (xr, mr) = (&x[r * cols..][..cols], &mask[(r % mask_rows) * cols..][..cols]);
-            let mut max = f32::NEG_INFINITY;
             for ((p, &v), &m) in p.iter_mut().zip(xr).zip(mr) {
                 *p = T::scaled(v, scale) + m;
-                max = max.max(*p);
             }
-            let mut sum = 0f32;
-            for p in p.iter_mut() {
-                *p = (*p - max).exp();
-                sum += *p;
+            let max = row_max(&p);
+            if max == f32::NEG_INFINITY {
+                // No key visible: NaN, as candle's softmax gives (e^(−∞ − −∞)).
+                row.fill(T::from(f32::NAN));
+                continue;
             }
+            let sum = super::elementwise::exp_sub_sum(&mut p, max);
             for (o, p) in row.iter_mut().zip(&p) {
                 *o = T::from(p / sum);
             }
         }
     });
+}
+
+/// The largest of `p` (−∞ for none), eight lanes at a time so the compiler vectorises.
+fn row_max(p: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = p.chunks_exact(8);
+    let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = if v > *l { v } else { *l };
+        }
+    }
+    lanes.iter().fold(tail, |a, &b| a.max(b))
 }
 
 /// An attention score type: f32, or bf16 as a bf16 model's ops round it.
