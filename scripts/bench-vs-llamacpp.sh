@@ -116,15 +116,19 @@ PYEOF
 # and one `merg bench` per repetition (the first engine alternating) exposes both to the same
 # drift, so one run's ratios hold where engine-after-engine blocks would not.
 # Resident memory of both engines is sampled alike (scripts/peak_rss.py: anonymous and
-# file-backed, every 20 ms) over each engine's first repetition (same prompt and decode
-# lengths). Start to first token: each engine loads the file and computes one prompt token,
+# file-backed, every 20 ms) over each engine's first repetition (a prompt and a decode after
+# it: merg's run, llama-bench's decode at depth P). Start to first token: each engine loads the file and computes one prompt token,
 # no warm-up, twice (the faster counts: the page cache is warm by then).
 PEAK=("$PY" "$ROOT/scripts/peak_rss.py")
 llama_rep() {  # file name repetition
   local peak=()
   (($3 == 1)) && peak=("${PEAK[@]}" "$OUT/$2.llama.mem.json" --)
-  "${peak[@]}" "$LDIR/bin/llama-bench" -m "$1" -p "$P" -n "$N" -t "$THREADS" -r 1 -o json \
-    > "$OUT/$2.llama.$3.json" 2>> "$OUT/$2.llama.log" || die "llama-bench failed on $1: see $OUT/$2.llama.log"
+  "$LDIR/bin/llama-bench" -m "$1" -p "$P" -n 0 -t "$THREADS" -r 1 -o json \
+    > "$OUT/$2.llama.$3.pp.json" 2>> "$OUT/$2.llama.log" || die "llama-bench failed on $1: see $OUT/$2.llama.log"
+  # Decode after a context of the prompt's length (-d), as merg decodes after its prompt: at
+  # a long prompt an empty-context decode skips most of the attention.
+  "${peak[@]}" "$LDIR/bin/llama-bench" -m "$1" -p 0 -n "$N" -d "$P" -t "$THREADS" -r 1 -o json \
+    > "$OUT/$2.llama.$3.tg.json" 2>> "$OUT/$2.llama.log" || die "llama-bench failed on $1: see $OUT/$2.llama.log"
 }
 llama_start() {  # file name
   for i in 1 2; do
@@ -201,7 +205,7 @@ print(hdr); print("-" * len(hdr))
 for row in rows:
     f, kind = row.rsplit("|", 1)
     name = os.path.basename(f)[:-5]
-    llama = [x for i in range(1, int(R) + 1) for x in json.load(open(f"{out}/{name}.llama.{i}.json"))]
+    llama = [x for i in range(1, int(R) + 1) for t in ("pp", "tg") for x in json.load(open(f"{out}/{name}.llama.{i}.{t}.json"))]
     json.dump(llama, open(f"{out}/{name}.llama.json", "w"), indent=1)
     lpp = [t for x in llama if x["n_prompt"] > 0 and x["n_gen"] == 0 for t in x["samples_ts"]]
     ltg = [t for x in llama if x["n_gen"] > 0 and x["n_prompt"] == 0 for t in x["samples_ts"]]
@@ -210,8 +214,8 @@ for row in rows:
     mpp = [x["prefill_tokens_per_s"] for x in recs]; mtg = [x["decode_tokens_per_s"] for x in recs]
     print(f"{name:<34} {kind:<8} {os.path.getsize(f) / 2**30:6.2f} | {fmt(lpp)} {fmt(mpp)} {st.mean(mpp) / st.mean(lpp):6.2f} | {fmt(ltg)} {fmt(mtg)} {st.mean(mtg) / st.mean(ltg):6.2f}")
 print("tok/s, mean ± stdev; ratio = merg ÷ llama.cpp (above 1: merg faster). pp = prefill of the prompt,")
-print("tg = decode: llama-bench times it from an empty context; merg decodes after its prompt. Both engines run one")
-print("untimed warm-up prefill first (llama-bench's default, merg bench --warmup 1).")
+print("tg = decode after a context of the prompt's length on both (llama-bench -d P; merg decodes after its prompt).")
+print("Both engines run one untimed warm-up first (llama-bench's default, merg bench --warmup 1).")
 print()
 hdr = f"{'file':<34} {'MiB':>6} | {'llama.cpp peak (anon + file)':>30} {'merg peak (anon + file)':>30} {'ratio':>6} | {'llama.cpp start':>15} {'merg start':>10} {'ratio':>6}"
 print(hdr); print("-" * len(hdr))
