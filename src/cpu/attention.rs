@@ -67,29 +67,110 @@ impl Shape {
             candle_core::bail!("attention: slot {bad} is outside the K/V store of {rows} rows");
         }
         let group = self.heads / self.kv_heads;
-        super::team::chunks_mut(out, d, |i, o| {
-            let (seq, h) = (i / self.heads, i % self.heads);
-            let off = (h / group) * d;
-            let qh = &q[i * d..(i + 1) * d];
+        // One task per (sequence, kv head): the group's query heads read each K and V row once
+        // together (a row per head before: `group` times the K/V traffic at long contexts).
+        super::team::chunks_mut(out, group * d, |i, o| {
+            let (seq, kvh) = (i / self.kv_heads, i % self.kv_heads);
+            let off = kvh * d;
+            let qg = &q[i * group * d..(i + 1) * group * d];
             let slots = queries[seq].slots;
-            // Scores, then a softmax over them, then the weighted sum of values.
-            let mut p: Vec<f32> = slots.iter().map(|&s| dot(qh, &k[s as usize * width + off..][..d]) * scale).collect();
-            let max = p.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let mut sum = 0f32;
-            for x in p.iter_mut() {
-                *x = (*x - max).exp();
-                sum += *x;
+            // Scores [group][keys], a softmax over each head's, then the weighted sums of values.
+            let n = slots.len();
+            let mut p = vec![0f32; group * n];
+            let mut kr = vec![0f32; d];
+            for (j, &s) in slots.iter().enumerate() {
+                widen(&k[s as usize * width + off..][..d], &mut kr);
+                for (h, qh) in qg.chunks_exact(d).enumerate() {
+                    p[h * n + j] = dot(qh, &kr) * scale;
+                }
+            }
+            for ph in p.chunks_exact_mut(n.max(1)) {
+                let max = ph.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let sum = super::elementwise::exp_sub_sum(ph, max);
+                ph.iter_mut().for_each(|w| *w /= sum);
             }
             o.fill(0.0);
-            for (&s, &w) in slots.iter().zip(&p) {
-                let vr = &v[s as usize * width + off..][..d];
-                let w = w / sum;
-                for (a, b) in o.iter_mut().zip(vr) {
-                    *a += w * b.f();
+            let mut vr = vec![0f32; d];
+            for (j, &s) in slots.iter().enumerate() {
+                widen(&v[s as usize * width + off..][..d], &mut vr);
+                for (h, oh) in o.chunks_exact_mut(d).enumerate() {
+                    axpy(p[h * n + j], &vr, oh);
                 }
             }
         });
         Ok(())
+    }
+}
+
+/// `Σ a·b` with fused multiply-adds where the level has them, eight or sixteen partial sums.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if super::level() >= super::Level::Avx2 {
+        // SAFETY: Level::Avx2 or above is only chosen when avx2 and fma are detected.
+        return unsafe { fma::dot(a, b) };
+    }
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `o += w · v`.
+fn axpy(w: f32, v: &[f32], o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::level() >= super::Level::Avx2 {
+        // SAFETY: as `dot`.
+        return unsafe { fma::axpy(w, v, o) };
+    }
+    for (a, b) in o.iter_mut().zip(v) {
+        *a += w * b;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod fma {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i + 16 <= n {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), s0);
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i + 8)), _mm256_loadu_ps(b.as_ptr().add(i + 8)), s1);
+            i += 16;
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(s0, s1));
+        lanes.iter().sum::<f32>() + (i..n).map(|j| a[j] * b[j]).sum::<f32>()
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy(w: f32, v: &[f32], o: &mut [f32]) {
+        let n = v.len().min(o.len());
+        let wv = _mm256_set1_ps(w);
+        let mut i = 0;
+        while i + 8 <= n {
+            let p = o.as_mut_ptr().add(i);
+            _mm256_storeu_ps(p, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v.as_ptr().add(i)), _mm256_loadu_ps(p)));
+            i += 8;
+        }
+        for j in i..n {
+            o[j] += w * v[j];
+        }
+    }
+}
+
+/// `out = row` as f32.
+fn widen<T: Value>(row: &[T], out: &mut [f32]) {
+    for (o, x) in out.iter_mut().zip(row) {
+        *o = x.f();
     }
 }
 
@@ -171,19 +252,6 @@ impl Score for bf16 {
     fn from(v: f32) -> bf16 {
         bf16::from_f32(v)
     }
-}
-
-/// Eight partial sums so the compiler vectorises.
-fn dot<T: Value>(a: &[f32], b: &[T]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y.f()).sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l].f();
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]
