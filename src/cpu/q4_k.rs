@@ -1,9 +1,10 @@
 //! Q4_K weights (llama.cpp's k-quant: per 256 values an f16 scale `d` and min `dmin`, eight
 //! 6-bit sub-block scales and mins, 128 bytes of 4-bit values) repacked once at load for
 //! AVX-512 VNNI, and their product with any number of activation rows. The activations are
-//! quantized to Q8_K as ggml's `quantize_row_q8_K` does (candle's too), so a block pair is
-//! `d_x · (d · Σ_j sc_j · dot_j − dmin · Σ_j m_j · Σx_j)` with exact integer dots `dot_j` of
-//! each 32-value sub-block — the sum candle and llama.cpp compute, in another order.
+//! quantized to Q8_K as ggml's `quantize_row_q8_K` does (candle's too; `blocks::act::Q8K`),
+//! so a block pair is `d_x · (d · Σ_j sc_j · dot_j − dmin · Σ_j m_j · Σx_j)` with exact integer
+//! dots `dot_j` of each 32-value sub-block — the sum candle and llama.cpp compute, in another
+//! order.
 //!
 //! Layout: panel `p` holds weight rows `16p..16p+16` (padding rows are zero); per block it
 //! stores 37 lines. Line 0: the 16 rows' `d` then their `dmin` (f16). Lines 1–2: `sc_j` as a
@@ -15,6 +16,7 @@
 //! So one masked line and one `vpdpbusd` (unsigned 4-bit × signed 8-bit) advance 16 rows by four
 //! values. 2,368 bytes per 16 rows and 256 values: 2.8 % more than the blocks' 2,304.
 
+use super::blocks::act::Q8K;
 use super::panels::{Line, Panels, PANEL};
 
 /// Values of one Q4_K block.
@@ -79,7 +81,7 @@ impl PackedQ4K {
         assert!(available(), "PackedQ4K::matmul needs AVX-512 VNNI");
         let (n, k) = (self.0.n, self.0.k);
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedQ4K::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
-        let act = Q8K::quantize(&x[..m * k], m, k);
+        let act = Q8K::quantize(&x[..m * k], m, k).pairs();
         super::panels::run(n, m, out, |p, g, mg, res| {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `available()` checked avx512f/bw and avx512vnni; the panel holds `k / 256`
@@ -88,115 +90,6 @@ impl PackedQ4K {
                 vnni::panel(self.0.panel(p), k / BLOCK, &act, g, mg, res)
             };
         });
-    }
-}
-
-/// Activations quantized per 256 values as ggml's `quantize_row_q8_K`: `q = round(−127 / max
-/// · x)` where `max` is the value of largest magnitude, `d = −max / 127` (Q4_K's and Q6_K's).
-pub(super) struct Q8K {
-    /// int8 values, four to an i32 (the quadruple `vpdpbusd` broadcasts).
-    pub(super) q: Vec<i32>,
-    pub(super) d: Vec<f32>,
-    /// Per block, the sums of its eight 32-value sub-blocks as 16-bit pairs `(2i, 2i + 1)`.
-    sums: Vec<i32>,
-    /// Per block, the sums of its sixteen 16-value sub-blocks (Q6_K's, ggml's `bsums`).
-    pub(super) sums16: Vec<i32>,
-}
-
-impl Q8K {
-    pub(super) fn quantize(x: &[f32], m: usize, k: usize) -> Q8K {
-        let nb = m * k / BLOCK;
-        let (mut q, mut d, mut sums) = (vec![0i32; m * k / 4], vec![0f32; nb], vec![0i32; nb * 4]);
-        let mut sums16 = vec![0i32; nb * 16];
-        let one = |(((xs, q), d), (sums, sums16)): (((&[f32], &mut [i32]), &mut f32), (&mut [i32], &mut [i32]))| *d = block(xs, q, sums, sums16);
-        // Prefill's rows in parallel (4 M values at a 2,048-token prompt); one decode row is
-        // less work than a fork-join.
-        if m > 1 {
-            use rayon::prelude::*;
-            x[..m * k].par_chunks_exact(BLOCK).zip(q.par_chunks_exact_mut(BLOCK / 4)).zip(d.par_iter_mut()).zip(sums.par_chunks_exact_mut(4).zip(sums16.par_chunks_exact_mut(16))).for_each(one);
-        } else {
-            x[..m * k].chunks_exact(BLOCK).zip(q.chunks_exact_mut(BLOCK / 4)).zip(d.iter_mut()).zip(sums.chunks_exact_mut(4).zip(sums16.chunks_exact_mut(16))).for_each(one);
-        }
-        Q8K { q, d, sums, sums16 }
-    }
-}
-
-/// One block of 256 values: its quadruples, the 32-value sums as 16-bit pairs, the 16-value
-/// sums; returns `d`.
-fn block(xs: &[f32], q: &mut [i32], sums: &mut [i32], sums16: &mut [i32]) -> f32 {
-    // The value of largest magnitude, the first of equals (the sign matters).
-    let (amax, max) = xs.iter().fold((0f32, 0f32), |(a, m), &v| if v.abs() > a { (v.abs(), v) } else { (a, m) });
-    if amax == 0.0 {
-        q.fill(0);
-        sums.fill(0);
-        sums16.fill(0);
-        return 0.0;
-    }
-    let iscale = -127.0 / max;
-    #[cfg(target_arch = "x86_64")]
-    let sub = if super::level() >= super::Level::Avx2 {
-        // SAFETY: Level::Avx2 or above is only chosen when avx2 and fma are detected.
-        unsafe { avx2::values(xs, iscale, q, sums16) }
-    } else {
-        values(xs, iscale, q, sums16)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let sub = values(xs, iscale, q, sums16);
-    for i in 0..4 {
-        sums[i] = (sub[2 * i] as i16 as u16 as i32) | ((sub[2 * i + 1] as i16 as i32) << 16);
-    }
-    1.0 / iscale
-}
-
-/// `round(iscale · x)` (half away from zero, clamped to i8) as quadruples and 16-value sums;
-/// returns the 32-value sums.
-fn values(xs: &[f32], iscale: f32, q: &mut [i32], sums16: &mut [i32]) -> [i32; 8] {
-    let mut sub = [0i32; 8];
-    sums16.fill(0);
-    for (i, quad) in q.iter_mut().enumerate() {
-        let v = [0, 1, 2, 3].map(|j| (iscale * xs[4 * i + j]).round().clamp(-128.0, 127.0) as i8);
-        let quad_sum = v.iter().map(|&v| v as i32).sum::<i32>();
-        sub[i / 8] += quad_sum;
-        sums16[i / 4] += quad_sum;
-        *quad = i32::from_le_bytes(v.map(|v| v as u8));
-    }
-    sub
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    /// `super::values` eight at a time: half away from zero as `round` (add ±0.49999997,
-    /// truncate), the bytes packed with saturation (the clamp) and put back in order.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn values(xs: &[f32], iscale: f32, q: &mut [i32], sums16: &mut [i32]) -> [i32; 8] {
-        assert!(xs.len() >= 256 && q.len() >= 64 && sums16.len() >= 16);
-        let (s, sign, half) = (_mm256_set1_ps(iscale), _mm256_set1_ps(-0.0), _mm256_set1_ps(0.499_999_97));
-        let hsum = |v: __m256i| {
-            let h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-            let h = _mm_hadd_epi32(h, h);
-            _mm_cvtsi128_si32(_mm_hadd_epi32(h, h))
-        };
-        let mut sub = [0i32; 8];
-        for c in 0..8 {
-            // 32 values: four vectors of eight.
-            let r = [0, 8, 16, 24].map(|i| {
-                let p = _mm256_mul_ps(s, _mm256_loadu_ps(xs.as_ptr().add(32 * c + i)));
-                _mm256_cvttps_epi32(_mm256_add_ps(p, _mm256_or_ps(_mm256_and_ps(p, sign), half)))
-            });
-            // packs saturate to i8 (the clamp) and interleave 128-bit halves; the permutation
-            // puts the values back in order.
-            let b = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
-            let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256(q.as_mut_ptr().add(8 * c) as *mut __m256i, b);
-            // Sums of the saturated bytes, as the scalar path sums its clamped values.
-            let w = [_mm256_cvtepi8_epi32(_mm256_castsi256_si128(b)), _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(_mm256_castsi256_si128(b))), _mm256_cvtepi8_epi32(_mm256_extracti128_si256::<1>(b)), _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(_mm256_extracti128_si256::<1>(b)))];
-            sums16[2 * c] = hsum(_mm256_add_epi32(w[0], w[1]));
-            sums16[2 * c + 1] = hsum(_mm256_add_epi32(w[2], w[3]));
-            sub[c] = sums16[2 * c] + sums16[2 * c + 1];
-        }
-        sub
     }
 }
 
@@ -237,7 +130,7 @@ mod vnni {
             // Row r's activation quadruple `quad` of this block, broadcast.
             macro_rules! x {
                 ($r:expr, $quad:expr) => {
-                    _mm512_set1_epi32(*a.q.as_ptr().add((($r + g) * nb + b) * 64 + $quad))
+                    _mm512_set1_epi32(*a.quads().as_ptr().add((($r + g) * nb + b) * 64 + $quad))
                 };
             }
             let meta = _mm512_load_si512(l);
@@ -267,7 +160,7 @@ mod vnni {
             for i in 0..4 {
                 let mp = _mm512_cvtepu8_epi16(_mm256_load_si256(mins.add(i)));
                 for (r, s) in msum.iter_mut().enumerate() {
-                    *s = _mm512_dpwssd_epi32(*s, mp, _mm512_set1_epi32(*a.sums.as_ptr().add(((g + r) * nb + b) * 4 + i)));
+                    *s = _mm512_dpwssd_epi32(*s, mp, _mm512_set1_epi32(*a.pairs.as_ptr().add(((g + r) * nb + b) * 4 + i)));
                 }
             }
             let d = _mm512_cvtph_ps(_mm512_castsi512_si256(meta));
@@ -299,37 +192,6 @@ mod tests {
             return Ok(());
         }
         packed_matches_candle(GgmlDType::Q4K, &[(1, 256, 37), (1, 1024, 130), (2, 512, 16), (5, 256, 20), (11, 768, 9), (40, 512, 33)], PackedQ4K::pack, PackedQ4K::bytes, |n, k| n.div_ceil(16) * k / 256 * 37 * 64, PackedQ4K::matmul)
-    }
-
-    /// The vector quantizer gives the scalar one's bytes and sums: ties at ±0.5, a magnitude
-    /// shared by opposite signs (the first decides), zeros, saturation at −128.
-    #[test]
-    #[cfg(target_arch = "x86_64")]
-    fn vector_q8k_equals_the_scalar_one() {
-        if !crate::cpu::blocks::available() {
-            return;
-        }
-        for seed in 0..100u32 {
-            let mut xs: Vec<f32> = (0..256u32).map(|i| ((i * 7919 + seed * 104729) % 2001) as f32 / 1000.0 - 1.0).collect();
-            match seed % 4 {
-                0 => xs.iter_mut().step_by(3).for_each(|v| *v = (*v * 254.0).round() / 254.0),
-                1 => (xs[5], xs[200]) = (1.5, -1.5),
-                2 => xs.iter_mut().take(128).for_each(|v| *v = 0.0),
-                _ => xs[seed as usize % 256] = -1.01,
-            }
-            let iscale = -127.0 / xs.iter().fold((0f32, 0f32), |(a, m), &v| if v.abs() > a { (v.abs(), v) } else { (a, m) }).1;
-            // At scale 1 the values themselves: the largest below a half, halves, saturation.
-            let edges = [0.499_999_97, -0.499_999_97, 0.5, -0.5, 1.5, -2.5, 126.5, 127.6, -128.4, -130.0, 0.0, -0.0];
-            let mut raw = xs.clone();
-            raw[..edges.len()].copy_from_slice(&edges);
-            for (xs, scale) in [(&xs, iscale), (&xs, iscale * 1.02), (&raw, 1.0)] {
-                let (mut qa, mut qb, mut sa, mut sb) = ([0i32; 64], [0i32; 64], [0i32; 16], [0i32; 16]);
-                let want = values(xs, scale, &mut qa, &mut sa);
-                // SAFETY: blocks::available() means avx2 and fma.
-                let got = unsafe { avx2::values(xs, scale, &mut qb, &mut sb) };
-                assert_eq!((qa, sa, want), (qb, sb, got), "seed {seed} scale {scale}");
-            }
-        }
     }
 
     /// Rows that are not whole blocks, or too few bytes, are refused rather than misread.

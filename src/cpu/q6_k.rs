@@ -1,9 +1,10 @@
 //! Q6_K weights (llama.cpp's k-quant: per 256 values 128 bytes of low nibbles `ql`, 64 bytes
 //! of high bit pairs `qh`, sixteen signed 8-bit sub-block scales and an f16 `d`; a value is
 //! `d · sc_j · (q − 32)` with `q` in 0..64) repacked once at load for AVX-512 VNNI, and their
-//! product with any number of activation rows. The activations are Q8_K (`q4_k::Q8K`), so a
-//! block pair is `d_x · d · Σ_j sc_j · (dot_j − 32 · Σx_j)` over the sixteen 16-value
-//! sub-blocks, with exact integer dots — the sum candle and llama.cpp compute, in another order.
+//! product with any number of activation rows. The activations are Q8_K
+//! (`blocks::act::Q8K`), so a block pair is `d_x · d · Σ_j sc_j · (dot_j − 32 · Σx_j)` over the
+//! sixteen 16-value sub-blocks, with exact integer dots — the sum candle and llama.cpp compute,
+//! in another order.
 //! Q4_K_M files hold a fifth of their layer weights (`attn_v`, half the `ffn_down`s) and the
 //! output head in Q6_K, which without this ran on the AVX2 block kernels.
 //!
@@ -18,7 +19,8 @@
 //! rows and 256 values: 1 % more than the blocks' 3,360.
 
 use super::panels::{Line, Panels, PANEL};
-use super::q4_k::{Q8K, BLOCK};
+use super::blocks::act::Q8K;
+use super::q4_k::BLOCK;
 
 /// Bytes of one Q6_K block as llama.cpp stores it.
 pub const BLOCK_BYTES: usize = 210;
@@ -131,7 +133,7 @@ mod vnni {
             // Row r's activation quadruple `quad` of this block, broadcast.
             macro_rules! x {
                 ($r:expr, $quad:expr) => {
-                    _mm512_set1_epi32(*a.q.as_ptr().add((($r + g) * nb + b) * 64 + $quad))
+                    _mm512_set1_epi32(*a.quads().as_ptr().add((($r + g) * nb + b) * 64 + $quad))
                 };
             }
             let mut isum = [_mm512_setzero_si512(); M];
@@ -167,7 +169,7 @@ mod vnni {
                         let j = 8 * h + 2 * kk + tg;
                         let s = _mm512_cvtepi8_epi32(_mm_loadu_si128(sc.add(j * PANEL) as *const __m128i));
                         for r in 0..M {
-                            let off = _mm512_set1_epi32(32 * *a.sums16.as_ptr().add(((g + r) * nb + b) * 16 + j));
+                            let off = _mm512_set1_epi32(32 * *a.bsums.as_ptr().add(((g + r) * nb + b) * 16 + j) as i32);
                             isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_sub_epi32(d[r], off), s));
                         }
                     }

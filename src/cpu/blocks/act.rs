@@ -20,15 +20,22 @@ pub struct Q8 {
 /// pass of `panels::run`, which hands the kernels passes of this many rows.
 pub const GROUP: usize = crate::cpu::panels::PASS_ROWS;
 
-/// Rows quantized per 256 values: `q` int8, `d` the scale, `bsums` each 16 values' Σq; `d8`
-/// the scales of each whole group of `GROUP` rows side by side (`[group][block][row]`, one
-/// vector for the tile kernel; empty unless asked for).
+/// Rows quantized per 256 values: `q` int8, `d` the scale, `bsums` each 16 values' Σq. Two
+/// layouts only some kernels read, empty unless asked for: `d8` the scales of each whole group
+/// of `GROUP` rows side by side (`[group][block][row]`, one vector for Q5_K's tile kernel,
+/// `tiles`), and `pairs` each block's eight 32-value sums as four 16-bit pairs `(2i, 2i + 1)`
+/// (what the AVX-512 Q4_K kernel's `vpdpwssd` takes against its mins, `pairs`).
 pub struct Q8K {
     pub k: usize,
-    pub q: Vec<i8>,
+    /// The int8 values, four to an i32 (little-endian: value `4i + j` is byte `j` of quad `i`),
+    /// the unit the AVX-512 kernels broadcast; `q()` reads them as bytes. Read as i32s, not
+    /// as bytes cast at each read: the VNNI Q6_K decode streamed its weights at 0.6× the rate
+    /// reading quadruples out of an i8 buffer (Zen 4, criterion `Q6K_vnni_decode_bytes`).
+    quads: Vec<i32>,
     pub d: Vec<f32>,
     pub bsums: Vec<i16>,
     pub d8: Vec<f32>,
+    pub pairs: Vec<i32>,
 }
 
 /// Blocks quantized in parallel when there are many (prefill), in place otherwise (decode: a
@@ -73,14 +80,39 @@ fn by_group(m: usize, nb: usize, f: impl Fn(usize) -> f32) -> Vec<f32> {
 }
 
 impl Q8K {
-    /// `x` is `[m, k]` with `k` a multiple of 256; `tiles` also lays the scales out by group
-    /// (`d8`) for the tile kernel.
-    pub fn quantize(x: &[f32], m: usize, k: usize, tiles: bool) -> Q8K {
+    /// `x` is `[m, k]` with `k` a multiple of 256.
+    pub fn quantize(x: &[f32], m: usize, k: usize) -> Q8K {
         let nb = m * k / 256;
-        let (mut q, mut d, mut bsums) = (vec![0i8; m * k], vec![0f32; nb], vec![0i16; nb * 16]);
-        blocks(m > 1, &x[..m * k], 256, &mut q, &mut d, &mut bsums, 16, |x, q, d, sums| *d = q8k_block(x, q, sums));
-        let d8 = by_group(if tiles { m } else { 0 }, k / 256, |b| d[b]);
-        Q8K { k, q, d, bsums, d8 }
+        let (mut quads, mut d, mut bsums) = (vec![0i32; m * k / 4], vec![0f32; nb], vec![0i16; nb * 16]);
+        // SAFETY: the same memory as bytes (i8 has no invalid values and alignment 1), borrowed
+        // only for this call.
+        let q = unsafe { std::slice::from_raw_parts_mut(quads.as_mut_ptr() as *mut i8, m * k) };
+        blocks(m > 1, &x[..m * k], 256, q, &mut d, &mut bsums, 16, |x, q, d, sums| *d = q8k_block(x, q, sums));
+        Q8K { k, quads, d, bsums, d8: Vec::new(), pairs: Vec::new() }
+    }
+
+    /// The values as bytes, row after row.
+    pub fn q(&self) -> &[i8] {
+        // SAFETY: as in `quantize`; the view lives as long as `self`'s borrow.
+        unsafe { std::slice::from_raw_parts(self.quads.as_ptr() as *const i8, self.quads.len() * 4) }
+    }
+
+    /// The values as quadruples, 64 per block.
+    pub fn quads(&self) -> &[i32] {
+        &self.quads
+    }
+
+    /// Also the scales by group (`d8`).
+    pub fn tiles(mut self) -> Q8K {
+        self.d8 = by_group(self.d.len() * 256 / self.k, self.k / 256, |b| self.d[b]);
+        self
+    }
+
+    /// Also the 32-value sums as 16-bit pairs (`pairs`).
+    pub fn pairs(mut self) -> Q8K {
+        let pair = |s: &[i16]| (s[0].wrapping_add(s[1]) as u16 as i32) | ((s[2].wrapping_add(s[3]) as i32) << 16);
+        self.pairs = self.bsums.chunks_exact(4).map(pair).collect();
+        self
     }
 }
 
@@ -106,8 +138,9 @@ fn q8_block_scalar(x: &[f32], q: &mut [i8]) -> (f32, i32) {
     (scale, sum)
 }
 
-/// ggml's `quantize_row_q8_K`: the value of largest magnitude `max` maps to −127
-/// (`iscale = −127 / max`), `d = 1 / iscale`; each 16 values' sum beside.
+/// ggml's `quantize_row_q8_K`: the value of largest magnitude `max` (the first of equals: the
+/// sign matters) maps to −127 (`iscale = −127 / max`), `d = 1 / iscale`; each 16 values' sum
+/// beside.
 fn q8k_block(x: &[f32], q: &mut [i8], sums: &mut [i16]) -> f32 {
     let (amax, max) = x.iter().fold((0f32, 0f32), |(a, m), &v| if v.abs() > a { (v.abs(), v) } else { (a, m) });
     if amax == 0.0 {
@@ -116,13 +149,25 @@ fn q8k_block(x: &[f32], q: &mut [i8], sums: &mut [i16]) -> f32 {
         return 0.0;
     }
     let iscale = -127.0 / max;
+    #[cfg(target_arch = "x86_64")]
+    if super::super::level() >= super::super::Level::Avx2 {
+        // SAFETY: Level::Avx2 or above is only chosen when avx2 and fma are detected.
+        unsafe { avx2::q8k_values(x, iscale, q, sums) };
+        return 1.0 / iscale;
+    }
+    q8k_values(x, iscale, q, sums);
+    1.0 / iscale
+}
+
+/// `round(iscale · x)` (half away from zero, clamped to i8) and each 16 values' sum: the
+/// reference for `avx2::q8k_values`.
+fn q8k_values(x: &[f32], iscale: f32, q: &mut [i8], sums: &mut [i16]) {
     for (q, x) in q.iter_mut().zip(x) {
-        *q = (iscale * x).round().min(127.0) as i8;
+        *q = (iscale * x).round().clamp(-128.0, 127.0) as i8;
     }
     for (s, q) in sums.iter_mut().zip(q.chunks_exact(16)) {
         *s = q.iter().map(|&v| v as i16).sum();
     }
-    1.0 / iscale
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -155,6 +200,33 @@ mod avx2 {
         _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, b);
         (scale, _mm_cvtsi128_si32(s))
     }
+
+    /// `super::q8k_values` 32 at a time: half away from zero as `round` (add ±0.49999997,
+    /// truncate), the bytes packed with saturation (the clamp) and put back in order, the sums
+    /// taken of the saturated bytes as the scalar path sums its clamped values.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn q8k_values(x: &[f32], iscale: f32, q: &mut [i8], sums: &mut [i16]) {
+        assert!(x.len() >= 256 && q.len() >= 256 && sums.len() >= 16);
+        let (s, sign, half) = (_mm256_set1_ps(iscale), _mm256_set1_ps(-0.0), _mm256_set1_ps(0.499_999_97));
+        let ones = _mm256_set1_epi8(1);
+        for c in 0..8 {
+            let r = [0, 8, 16, 24].map(|i| {
+                let p = _mm256_mul_ps(s, _mm256_loadu_ps(x.as_ptr().add(32 * c + i)));
+                _mm256_cvttps_epi32(_mm256_add_ps(p, _mm256_or_ps(_mm256_and_ps(p, sign), half)))
+            });
+            let b = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+            let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.as_mut_ptr().add(32 * c) as *mut __m256i, b);
+            // Byte pairs summed to i16 (ones · b), then each 128-bit half's eight words: the
+            // two 16-value sums, exact in i16 (|Σ| ≤ 16 · 128).
+            let w = _mm256_maddubs_epi16(ones, b);
+            let w = _mm256_hadd_epi16(w, w);
+            let w = _mm256_hadd_epi16(w, w);
+            let w = _mm256_hadd_epi16(w, w);
+            sums[2 * c] = _mm256_extract_epi16::<0>(w) as i16;
+            sums[2 * c + 1] = _mm256_extract_epi16::<8>(w) as i16;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -176,19 +248,57 @@ mod tests {
         }
     }
 
-    /// Q8_K: the largest magnitude maps to ∓127 and the 16-value sums add up.
+    /// Q8_K: the largest magnitude maps to ∓127, the 16-value sums add up and the 32-value
+    /// pairs are theirs.
     #[test]
     fn q8k_scale_and_sums() {
         let x: Vec<f32> = (0..512).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
-        let a = Q8K::quantize(&x, 2, 256, true);
+        let a = Q8K::quantize(&x, 2, 256).pairs();
         for b in 0..2 {
-            let q = &a.q[b * 256..][..256];
+            for (i, p) in a.pairs[b * 4..][..4].iter().enumerate() {
+                let s = &a.bsums[b * 16 + 4 * i..][..4];
+                assert_eq!((*p as i16, (*p >> 16) as i16), (s[0] + s[1], s[2] + s[3]), "pair {i}");
+            }
+            let q = &a.q()[b * 256..][..256];
             assert_eq!(q.iter().map(|v| (*v as i32).abs()).max(), Some(127));
             for (i, s) in a.bsums[b * 16..][..16].iter().enumerate() {
                 assert_eq!(*s as i32, q[16 * i..][..16].iter().map(|&v| v as i32).sum::<i32>());
             }
             for (q, x) in q.iter().zip(&x[b * 256..]) {
                 assert!((*q as f32 * a.d[b] - x).abs() <= a.d[b].abs() * 0.5 + 1e-6);
+            }
+        }
+    }
+
+    /// The vector Q8_K quantizer gives the scalar one's bytes and sums: ties at ±0.5, a
+    /// magnitude shared by opposite signs (the first decides), zeros, saturation at −128.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn vector_q8k_equals_the_scalar_one() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        for seed in 0..100u32 {
+            let mut xs: Vec<f32> = (0..256u32).map(|i| ((i * 7919 + seed * 104729) % 2001) as f32 / 1000.0 - 1.0).collect();
+            match seed % 4 {
+                0 => xs.iter_mut().step_by(3).for_each(|v| *v = (*v * 254.0).round() / 254.0),
+                1 => (xs[5], xs[200]) = (1.5, -1.5),
+                2 => xs.iter_mut().take(128).for_each(|v| *v = 0.0),
+                _ => xs[seed as usize % 256] = -1.01,
+            }
+            let iscale = -127.0 / xs.iter().fold((0f32, 0f32), |(a, m), &v| if v.abs() > a { (v.abs(), v) } else { (a, m) }).1;
+            // At scale 1 the values themselves: the largest below a half, halves, saturation.
+            let edges = [0.499_999_97, -0.499_999_97, 0.5, -0.5, 1.5, -2.5, 126.5, 127.6, -128.4, -130.0, 0.0, -0.0];
+            let mut raw = xs.clone();
+            raw[..edges.len()].copy_from_slice(&edges);
+            // Saturated blocks: the 16-value sums at their extremes.
+            let full: Vec<f32> = (0..256).map(|i| if i < 128 { 300.0 } else { -300.0 }).collect();
+            for (xs, scale) in [(&xs, iscale), (&xs, iscale * 1.02), (&raw, 1.0), (&full, 1.0)] {
+                let (mut qa, mut qb, mut sa, mut sb) = ([0i8; 256], [0i8; 256], [0i16; 16], [0i16; 16]);
+                q8k_values(xs, scale, &mut qa, &mut sa);
+                // SAFETY: avx2 and fma were detected above.
+                unsafe { avx2::q8k_values(xs, scale, &mut qb, &mut sb) };
+                assert_eq!((qa, sa), (qb, sb), "seed {seed} scale {scale}");
             }
         }
     }

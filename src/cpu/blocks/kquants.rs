@@ -96,7 +96,7 @@ pub(super) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn x32(a: &Q8K, nb: usize, row: usize, b: usize, at: usize) -> __m256i {
-        _mm256_loadu_si256(a.q.as_ptr().add((row * nb + b) * 256 + at) as *const __m256i)
+        _mm256_loadu_si256(a.q().as_ptr().add((row * nb + b) * 256 + at) as *const __m256i)
     }
 
     /// Activation row `r`'s sixteen 16-value sums of block `b`.

@@ -263,7 +263,7 @@ impl PackedBlocks {
         }
         // Q5_K, in the file's layout.
         let row_bytes = k / self.format.values() * self.format.bytes();
-        let a = Q8K::quantize(x, m, k, true);
+        let a = Q8K::quantize(x, m, k).tiles();
         super::panels::run(n, m, out, |p, g, mg, res| {
             if mg == act::GROUP && g % act::GROUP == 0 {
                 return self.tiles(p, res, row_bytes, &|w, o| tile_k(self.format, w, k / 256, &a, g / act::GROUP, o));
@@ -371,7 +371,7 @@ fn dispatch_k(f: Format, w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut 
 fn grouped_product(format: Format, n: usize, k: usize, x: &[f32], m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[u8])) + Sync) {
     let nb = k / format.values();
     if matches!(format, Format::Q4K | Format::Q6K) {
-        let a = Q8K::quantize(x, m, k, false);
+        let a = Q8K::quantize(x, m, k);
         let q6 = format == Format::Q6K;
         return groups(format, n, k, m, out, panel, |w, r0, o, rows| {
             #[cfg(target_arch = "x86_64")]

@@ -67,7 +67,7 @@ pub fn pack_group(blocks: &[u8], n: usize, nb: usize, g: usize, out: &mut [u8]) 
 /// for the group's rows `l < 8`. Needs AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 pub fn rows<const R: usize>(w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], stride: usize) {
-    assert!(out.len() >= (R - 1) * stride + ROWS && a.q.len() >= (r0 + R) * nb * 256, "q4k8::rows: slices shorter than the shapes");
+    assert!(out.len() >= (R - 1) * stride + ROWS && a.q().len() >= (r0 + R) * nb * 256, "q4k8::rows: slices shorter than the shapes");
     // SAFETY: the caller (`PackedBlocks::matmul`) checked avx2, fma and f16c; `w` holds `nb`
     // blocks of the group, and the activations and `out` are long enough (asserted above).
     unsafe { avx2::rows::<R>(w, nb, a, r0, out, stride) }
@@ -96,7 +96,7 @@ mod avx2 {
         let mut acc = [_mm256_setzero_ps(); R];
         for b in 0..nb {
             let blk = w.add(b * BYTES);
-            let x = |r: usize, at: usize| a.q.as_ptr().add((r0 + r) * k + b * 256 + at);
+            let x = |r: usize, at: usize| a.q().as_ptr().add((r0 + r) * k + b * 256 + at);
             let mut isum = [_mm256_setzero_si256(); R];
             for c in 0..4 {
                 // Sub-blocks 2c (low nibbles) and 2c + 1 (high), each summed in 16 bits.
