@@ -13,18 +13,21 @@ pub struct Query<'a> {
     pub slots: &'a [u32],
 }
 
-/// A K or V value as f32.
+/// A K or V row as f32: an f32 store's row itself, a bf16 one's widened into `scratch`.
 trait Value: Copy + Send + Sync {
-    fn f(self) -> f32;
+    fn row<'a>(row: &'a [Self], scratch: &'a mut [f32]) -> &'a [f32];
 }
 impl Value for f32 {
-    fn f(self) -> f32 {
-        self
+    fn row<'a>(row: &'a [f32], _: &'a mut [f32]) -> &'a [f32] {
+        row
     }
 }
 impl Value for bf16 {
-    fn f(self) -> f32 {
-        self.to_f32()
+    fn row<'a>(row: &'a [bf16], scratch: &'a mut [f32]) -> &'a [f32] {
+        for (o, x) in scratch.iter_mut().zip(row) {
+            *o = x.to_f32();
+        }
+        scratch
     }
 }
 
@@ -79,9 +82,9 @@ impl Shape {
             let mut p = vec![0f32; group * n];
             let mut kr = vec![0f32; d];
             for (j, &s) in slots.iter().enumerate() {
-                widen(&k[s as usize * width + off..][..d], &mut kr);
+                let kr = T::row(&k[s as usize * width + off..][..d], &mut kr);
                 for (h, qh) in qg.chunks_exact(d).enumerate() {
-                    p[h * n + j] = dot(qh, &kr) * scale;
+                    p[h * n + j] = dot(qh, kr) * scale;
                 }
             }
             for ph in p.chunks_exact_mut(n.max(1)) {
@@ -92,9 +95,9 @@ impl Shape {
             o.fill(0.0);
             let mut vr = vec![0f32; d];
             for (j, &s) in slots.iter().enumerate() {
-                widen(&v[s as usize * width + off..][..d], &mut vr);
+                let vr = T::row(&v[s as usize * width + off..][..d], &mut vr);
                 for (h, oh) in o.chunks_exact_mut(d).enumerate() {
-                    axpy(p[h * n + j], &vr, oh);
+                    axpy(p[h * n + j], vr, oh);
                 }
             }
         });
@@ -164,13 +167,6 @@ mod fma {
         for j in i..n {
             o[j] += w * v[j];
         }
-    }
-}
-
-/// `out = row` as f32.
-fn widen<T: Value>(row: &[T], out: &mut [f32]) {
-    for (o, x) in out.iter_mut().zip(row) {
-        *o = x.f();
     }
 }
 
