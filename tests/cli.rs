@@ -134,13 +134,15 @@ fn bench_runs_on_dummy_weights_of_a_config() {
     let figure = std::fs::read_to_string(&svg).unwrap();
     assert!(figure.contains(">\ndecode\n</text>") && figure.contains(">\nprefill\n</text>") && figure.contains(">\nf32\n</text>"), "{figure}");
     assert!(!figure.contains("roofline"), "no roofline measured, none drawn");
-    // With the roofline: its line, then each format's decode and prefill lines, then JSON.
+    // With the roofline: its line, then each format's decode and prefill lines (decode also
+    // against a triad measured after the run), then JSON.
     let o = merg(&["bench", "--config", cfg.to_str().unwrap(), "--prompt-tokens", "16", "--decode-tokens", "4", "--quant", "f32,q8_0", "--plot", png.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.lines().next().unwrap().starts_with("roofline: ") && out.contains("GB/s triad bandwidth"), "{out}");
     for w in ["f32", "q8_0"] {
         assert!(out.lines().any(|l| l.starts_with(&format!("decode {w}: ")) && l.contains("% of roofline")), "{w}: {out}");
+        assert!(out.lines().any(|l| l.starts_with(&format!("decode {w}: ")) && l.contains("GB/s triad measured after it (")), "{w}: {out}");
         assert!(out.lines().any(|l| l.starts_with(&format!("prefill {w}: ")) && l.contains("% of the f32 peak")), "{w}: {out}");
     }
     let img = image::open(&png).unwrap().to_rgb8();

@@ -142,7 +142,10 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     for (dtype, q) in formats {
         let mut rec = bench_one(&a, dtype, q)?;
         if let Some(r) = &roof {
-            roofline_lines(&mut rec, r);
+            // A second triad right after the run (the model dropped): on a shared host the
+            // bandwidth can move by half within minutes, and then a share of one is no measure.
+            let after = (r.threads > 0).then(merg::cpu::roofline::bandwidth_gbs);
+            roofline_lines(&mut rec, r, after);
         }
         if let Some(base) = recs.first() {
             for k in ["prefill_tokens_per_s", "decode_tokens_per_s"] {
@@ -199,7 +202,7 @@ fn device_roofline(device: &candle_core::Device) -> Result<merg::cpu::roofline::
 
 /// Decode as % of the bandwidth roofline and prefill as % of the compute peak, printed as
 /// `decode f32: 9.31 tok/s, 41.2 % of roofline` and added to the record.
-fn roofline_lines(rec: &mut serde_json::Value, r: &merg::cpu::roofline::Roofline) {
+fn roofline_lines(rec: &mut serde_json::Value, r: &merg::cpu::roofline::Roofline, after: Option<f64>) {
     let f = |k: &str| rec[k].as_f64().unwrap_or(0.0);
     let (decode, prefill, bytes, flops) = (f("decode_tokens_per_s"), f("prefill_tokens_per_s"), f("decode_bytes_per_token"), f("prefill_flops"));
     let name = rec["weights"].as_str().unwrap_or("").to_string();
@@ -216,6 +219,13 @@ fn roofline_lines(rec: &mut serde_json::Value, r: &merg::cpu::roofline::Roofline
     println!("prefill {name}: {prefill:.2} tok/s, {prefill_pct:.1} % of the {} peak ({:.1} GFLOP/s of {peak:.0})", if bf16 { "bf16" } else { "f32" }, flops / f("prefill_s") / 1e9);
     rec["decode_roofline_pct"] = serde_json::json!(decode_pct);
     rec["prefill_peak_pct"] = serde_json::json!(prefill_pct);
+    if let Some(after) = after {
+        let moved = 100.0 * (after / r.bandwidth_gbs - 1.0);
+        let unsteady = if moved.abs() > 15.0 { ": the bandwidth moved during the run, so compare decode rates, not shares" } else { "" };
+        println!("decode {name}: {:.1} % of the {after:.1} GB/s triad measured after it ({moved:+.0} %{unsteady})", 100.0 * decode * bytes / (after * 1e9));
+        rec["bandwidth_after_gbs"] = serde_json::json!(after);
+        rec["decode_roofline_pct_after"] = serde_json::json!(100.0 * decode * bytes / (after * 1e9));
+    }
 }
 
 /// A --quant entry: (dtype override, quantization).

@@ -27,11 +27,12 @@ pub struct Roofline {
 /// Measures the three figures (about a second).
 pub fn measure() -> Roofline {
     let threads = rayon::current_num_threads();
-    Roofline { threads, bandwidth_gbs: triad_gbs(), f32_gflops: peak_gflops(false), bf16_gflops: peak_gflops(true) }
+    Roofline { threads, bandwidth_gbs: bandwidth_gbs(), f32_gflops: peak_gflops(false), bf16_gflops: peak_gflops(true) }
 }
 
-/// Best of several triad passes over arrays far larger than the caches.
-fn triad_gbs() -> f64 {
+/// Best of several triad passes over arrays far larger than the caches, GB/s (768 MiB held
+/// while it runs).
+pub fn bandwidth_gbs() -> f64 {
     const N: usize = 1 << 26; // 64 Mi elements, 256 MiB per array
     let b = vec![1.0f32; N];
     let c = vec![2.0f32; N];
