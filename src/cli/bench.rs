@@ -222,9 +222,10 @@ fn roofline_lines(rec: &mut serde_json::Value, r: &merg::cpu::roofline::Roofline
     if let Some(after) = after {
         let moved = 100.0 * (after / r.bandwidth_gbs - 1.0);
         let unsteady = if moved.abs() > 15.0 { ": the bandwidth moved during the run, so compare decode rates, not shares" } else { "" };
-        println!("decode {name}: {:.1} % of the {after:.1} GB/s triad measured after it ({moved:+.0} %{unsteady})", 100.0 * decode * bytes / (after * 1e9));
+        let pct = 100.0 * decode * bytes / (after * 1e9);
+        println!("decode {name}: {pct:.1} % of the {after:.1} GB/s triad measured after it ({moved:+.0} %{unsteady})");
         rec["bandwidth_after_gbs"] = serde_json::json!(after);
-        rec["decode_roofline_pct_after"] = serde_json::json!(100.0 * decode * bytes / (after * 1e9));
+        rec["decode_roofline_pct_after"] = serde_json::json!(pct);
     }
 }
 

@@ -174,8 +174,7 @@ fn q8k_values(x: &[f32], iscale: f32, q: &mut [i8], sums: &mut [i16]) {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    /// `q8_block_scalar` in vector registers: rounding half away from zero as `round` does
-    /// (add ±0.49999997, truncate), packed to bytes in order.
+    /// `q8_block_scalar` in vector registers (`round`, then `bytes`).
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn q8_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
         assert!(x.len() >= 32 && q.len() >= 32);
@@ -186,36 +185,40 @@ mod avx2 {
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         let scale = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m))) / 127.0;
         let inv = _mm256_set1_ps(if scale != 0.0 { 1.0 / scale } else { 0.0 });
-        let (sign, half) = (_mm256_set1_ps(-0.0), _mm256_set1_ps(0.499_999_97));
-        let r = v.map(|v| {
-            let p = _mm256_mul_ps(v, inv);
-            _mm256_cvttps_epi32(_mm256_add_ps(p, _mm256_or_ps(_mm256_and_ps(p, sign), half)))
-        });
+        let r = v.map(|v| round(_mm256_mul_ps(v, inv)));
         let sum = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
         let s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
         let s = _mm_hadd_epi32(_mm_hadd_epi32(s, s), s);
-        // packs interleave the 128-bit halves; the permutation puts the values back in order.
-        let b = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
-        let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, b);
+        _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, bytes(r));
         (scale, _mm_cvtsi128_si32(s))
     }
 
-    /// `super::q8k_values` 32 at a time: half away from zero as `round` (add ±0.49999997,
-    /// truncate), the bytes packed with saturation (the clamp) and put back in order, the sums
-    /// taken of the saturated bytes as the scalar path sums its clamped values.
+    /// `p` rounded half away from zero as `round` does: add ±0.49999997, truncate.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn round(p: __m256) -> __m256i {
+        let (sign, half) = (_mm256_set1_ps(-0.0), _mm256_set1_ps(0.499_999_97));
+        _mm256_cvttps_epi32(_mm256_add_ps(p, _mm256_or_ps(_mm256_and_ps(p, sign), half)))
+    }
+
+    /// Four vectors of eight i32 as 32 bytes in order, saturated to i8: the packs interleave
+    /// the 128-bit halves, the permutation puts the values back in order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn bytes(r: [__m256i; 4]) -> __m256i {
+        let b = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+        _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+
+    /// `super::q8k_values` 32 at a time (`round`, then `bytes`, whose saturation is the
+    /// clamp), the sums taken of the saturated bytes as the scalar path sums its clamped
+    /// values.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn q8k_values(x: &[f32], iscale: f32, q: &mut [i8], sums: &mut [i16]) {
         assert!(x.len() >= 256 && q.len() >= 256 && sums.len() >= 16);
-        let (s, sign, half) = (_mm256_set1_ps(iscale), _mm256_set1_ps(-0.0), _mm256_set1_ps(0.499_999_97));
-        let ones = _mm256_set1_epi8(1);
+        let (s, ones) = (_mm256_set1_ps(iscale), _mm256_set1_epi8(1));
         for c in 0..8 {
-            let r = [0, 8, 16, 24].map(|i| {
-                let p = _mm256_mul_ps(s, _mm256_loadu_ps(x.as_ptr().add(32 * c + i)));
-                _mm256_cvttps_epi32(_mm256_add_ps(p, _mm256_or_ps(_mm256_and_ps(p, sign), half)))
-            });
-            let b = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
-            let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            let b = bytes([0, 8, 16, 24].map(|i| round(_mm256_mul_ps(s, _mm256_loadu_ps(x.as_ptr().add(32 * c + i))))));
             _mm256_storeu_si256(q.as_mut_ptr().add(32 * c) as *mut __m256i, b);
             // Byte pairs summed to i16 (ones · b), then each 128-bit half's eight words: the
             // two 16-value sums, exact in i16 (|Σ| ≤ 16 · 128).
