@@ -43,7 +43,8 @@ pub fn file_type_label(id: u32) -> Option<String> {
     Some(if id == 0 { "ALL_F32".into() } else { format!("MOSTLY_{}", name.to_ascii_uppercase()) })
 }
 
-/// Each type with how many of `matrices` are stored in it, most first (ties: ggml order).
+/// Each type with how many of `matrices` are stored in it, most first (ties by name: the
+/// matrices come in the header's hash order, and a run's name must not change with it).
 fn tally(matrices: &[GgmlDType]) -> Vec<(GgmlDType, usize)> {
     let mut counts: Vec<(GgmlDType, usize)> = vec![];
     for &t in matrices {
@@ -52,7 +53,7 @@ fn tally(matrices: &[GgmlDType]) -> Vec<(GgmlDType, usize)> {
             None => counts.push((t, 1)),
         }
     }
-    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+    counts.sort_by_key(|c| (std::cmp::Reverse(c.1), type_name(c.0)));
     counts
 }
 
@@ -133,6 +134,13 @@ mod tests {
         assert_eq!(format_name(None, &q4_k_m), "mix(12 q4_k, 3 q6_k, 1 q5_0, 1 q8_0)");
         // A file type that disagrees with the tensors is not believed.
         assert_eq!(format_name(Some(7), &q4_k_m), "mix(12 q4_k, 3 q6_k, 1 q5_0, 1 q8_0)");
+        // Ties are named in one order whatever order the tensors come in (the 0.5B file's
+        // name swapped its q4_k and q6_k between runs).
+        let tied = of(&[(Q5_0, 132), (Q6K, 12), (Q8_0, 13), (Q4K, 12)]);
+        let reversed: Vec<GgmlDType> = tied.iter().rev().copied().collect();
+        for m in [&tied, &reversed] {
+            assert_eq!(format_name(None, m), "mix(132 q5_0, 13 q8_0, 12 q4_k, 12 q6_k)");
+        }
         assert_eq!(format_name(Some(0), &of(&[(Q8_0, 15)])), "q8_0");
         // One type, with or without the label.
         assert_eq!(format_name(Some(7), &of(&[(Q8_0, 15)])), "q8_0");
