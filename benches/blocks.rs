@@ -5,7 +5,8 @@
 //! [11008, 2048]; multiply-adds per second), with candle's f32 GEMM on the prefill shape in
 //! the same run as the yardstick.
 //! `MERG_CPU_KERNELS=avx2` forces the AVX2 level on an AVX-512 machine. With AVX-512 VNNI, Q6_K
-//! is measured a second time in `cpu::q6_k`'s panels (what a model uses there) on the same bytes.
+//! Q6_K and Q8_0 are measured a second time in `cpu::q6_k`'s and `cpu::q8_0`'s panels (what a
+//! model uses there) on the same bytes.
 //!
 //! The blocks are random bytes with sane f16 scales (quantizing 22M values with candle would
 //! take longer than the measurement).
@@ -14,6 +15,7 @@ use candle_core::{Device, Tensor};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use merg::cpu::blocks::{Format, PackedBlocks};
 use merg::cpu::q6_k::PackedQ6K;
+use merg::cpu::q8_0::PackedQ8;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 const K: usize = 2048;
@@ -83,6 +85,15 @@ fn bench(c: &mut Criterion) {
         drop(big);
         g.throughput(Throughput::Elements((256 * n * K) as u64));
         g.bench_function("Q6K_vnni_prefill256_macs", |b| b.iter(|| w.matmul(&x, 256, &mut out)));
+    }
+    if merg::cpu::q8_0::available() {
+        let bytes = random_blocks(Format::Q8_0, n_decode);
+        let (big, w) = (PackedQ8::pack(&bytes, n_decode, K).expect("whole blocks"), PackedQ8::pack(&bytes, n, K).expect("whole blocks"));
+        g.throughput(Throughput::Bytes(big.bytes() as u64));
+        g.bench_function("Q8_0_vnni_decode_bytes", |b| b.iter(|| big.matmul(&x, 1, &mut out)));
+        drop(big);
+        g.throughput(Throughput::Elements((256 * n * K) as u64));
+        g.bench_function("Q8_0_vnni_prefill256_macs", |b| b.iter(|| w.matmul(&x, 256, &mut out)));
     }
     let xt = Tensor::from_slice(&x, (256, K), &Device::Cpu).unwrap();
     let wt = Tensor::from_slice(&x[..K * 256], (256, K), &Device::Cpu).unwrap().repeat((n / 256, 1)).unwrap();

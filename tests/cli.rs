@@ -131,11 +131,13 @@ fn bench_runs_on_dummy_weights_of_a_config() {
     let rec: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(rec["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
     assert_eq!(rec["dummy"], true);
+    assert!(rec["decode_roofline_paired"].is_null(), "no roofline, no paired steps");
     let figure = std::fs::read_to_string(&svg).unwrap();
     assert!(figure.contains(">\ndecode\n</text>") && figure.contains(">\nprefill\n</text>") && figure.contains(">\nf32\n</text>"), "{figure}");
     assert!(!figure.contains("roofline"), "no roofline measured, none drawn");
     // With the roofline: its line, then each format's decode and prefill lines (decode also
-    // against a triad measured after the run), then JSON.
+    // against a triad measured after the run, and against passes either side of each of four
+    // more steps), then JSON.
     let o = merg(&["bench", "--config", cfg.to_str().unwrap(), "--prompt-tokens", "16", "--decode-tokens", "4", "--quant", "f32,q8_0", "--plot", png.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
@@ -143,6 +145,7 @@ fn bench_runs_on_dummy_weights_of_a_config() {
     for w in ["f32", "q8_0"] {
         assert!(out.lines().any(|l| l.starts_with(&format!("decode {w}: ")) && l.contains("% of roofline")), "{w}: {out}");
         assert!(out.lines().any(|l| l.starts_with(&format!("decode {w}: ")) && l.contains("GB/s triad measured after it (")), "{w}: {out}");
+        assert!(out.lines().any(|l| l.starts_with(&format!("decode {w}: ")) && l.contains("% of the triad measured either side of each step (median of 4 more steps")), "{w}: {out}");
         assert!(out.lines().any(|l| l.starts_with(&format!("prefill {w}: ")) && l.contains("% of the f32 peak")), "{w}: {out}");
     }
     let img = image::open(&png).unwrap().to_rgb8();

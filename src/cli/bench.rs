@@ -140,7 +140,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     }
     let mut recs: Vec<serde_json::Value> = vec![];
     for (dtype, q) in formats {
-        let mut rec = bench_one(&a, dtype, q)?;
+        let mut rec = bench_one(&a, dtype, q, roof.is_some_and(|r| r.threads > 0))?;
         if let Some(r) = &roof {
             // A second triad right after the run (the model dropped): on a shared host the
             // bandwidth can move by half within minutes, and then a share of one is no measure.
@@ -221,11 +221,23 @@ fn roofline_lines(rec: &mut serde_json::Value, r: &merg::cpu::roofline::Roofline
     rec["prefill_peak_pct"] = serde_json::json!(prefill_pct);
     if let Some(after) = after {
         let moved = 100.0 * (after / r.bandwidth_gbs - 1.0);
-        let unsteady = if moved.abs() > 15.0 { ": the bandwidth moved during the run, so compare decode rates, not shares" } else { "" };
+        let unsteady = if moved.abs() > 15.0 { ": the bandwidth moved during the run, so compare decode rates, or the paired share below" } else { "" };
         let pct = 100.0 * decode * bytes / (after * 1e9);
         println!("decode {name}: {pct:.1} % of the {after:.1} GB/s triad measured after it ({moved:+.0} %{unsteady})");
         rec["bandwidth_after_gbs"] = serde_json::json!(after);
         rec["decode_roofline_pct_after"] = serde_json::json!(pct);
+    }
+    if let Some(p) = rec["decode_roofline_paired"].as_object() {
+        let f = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
+        let q = |i: usize| p["quartile_pcts"][i].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "decode {name}: {:.1} % of the triad measured either side of each step (median of {} more steps, quartiles {:.1}-{:.1} %, triad median {:.1} GB/s)",
+            f("median_pct"),
+            p["steps"],
+            q(0),
+            q(1),
+            f("triad_median_gbs")
+        );
     }
 }
 
@@ -342,7 +354,9 @@ fn print_facts(name: &str, facts: &serde_json::Value) {
 }
 
 /// Prefill then decode at batch 1 with one weight format.
-fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: Option<Quant>) -> Result<serde_json::Value> {
+/// `paired`: also decode `--decode-tokens` more steps, each between two triad passes
+/// (`cpu::roofline::paired`), after everything else is measured.
+fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: Option<Quant>, paired: bool) -> Result<serde_json::Value> {
     // From before the files are opened: loading is where a weight could be held twice.
     let memory = merg::memory::PeakSampler::start(std::time::Duration::from_millis(10));
     let Loaded { config, weights, dtype, gguf } = open_weights(a, dtype_override, quant)?;
@@ -405,7 +419,21 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     let mut cost = merg::models::cost::TokenCost::of(&params, &spec, dtype.size_in_bytes() as f64, dtype.size_in_bytes() as f64);
     cost.weight_bytes = facts["decode_weight_bytes_per_token"].as_f64().unwrap_or(0.0);
     let mid_context = (ids.len() + a.decode_tokens / 2) as f64;
-    let batched = batched_runs(a, model, &config, &weights_name)?;
+    let batched = batched_runs(a, model.clone(), &config, &weights_name)?;
+    // The peaks so far: the paired triad below holds 768 MiB of its own.
+    let memory = memory_facts(after_load, peak_load, memory.peak());
+    // As many steps again as the timed decode, or what the context window leaves; decode
+    // goes on from where the timed steps stopped, in the same cache.
+    let steps = a.decode_tokens.min(spec.max_context - 1 - ids.len() - a.decode_tokens);
+    let paired = match paired && steps > 0 {
+        true => Some(merg::cpu::roofline::paired(steps, |i| -> Result<f64> {
+            let past = ids.len() + a.decode_tokens + i;
+            let step = decode_inputs(&*model, tok, past, pre.rope_delta)?;
+            tok = forward_logits(&*model, &step, &mut kv, 1)?.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
+            Ok(cost.decode_bytes(past as f64))
+        })?),
+        false => None,
+    };
     let mut rec = serde_json::json!({
         "weights": weights_name,
         "family": spec.model_type,
@@ -425,7 +453,8 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
         "load_s": load_s,
         "first_token_s": first_token_s,
         "repack_wait_s": repack_wait_s,
-        "memory": memory_facts(after_load, peak_load, memory.peak()),
+        "memory": memory,
+        "decode_roofline_paired": paired,
         "device_memory_used_bytes": merg::memory::device_used(&device),
         "batched": batched,
     });

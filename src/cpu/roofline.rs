@@ -2,7 +2,8 @@
 //! STREAM triad, `a = b + s·c`, counted as 3 × 4 bytes per element as STREAM does) and the
 //! f32 FMA and bf16 dot-product peaks (independent chains of `vfmadd` / `vdpbf16ps`).
 //! `merg bench` reports decode against the bandwidth (bytes read per token ÷ time) and prefill
-//! against the compute peak (FLOPs ÷ time).
+//! against the compute peak (FLOPs ÷ time), and, on a host whose bandwidth moves, each decode
+//! step against triad passes run either side of it (`paired`).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -33,27 +34,110 @@ pub fn measure() -> Roofline {
 /// Best of several triad passes over arrays far larger than the caches, GB/s (768 MiB held
 /// while it runs).
 pub fn bandwidth_gbs() -> f64 {
-    const N: usize = 1 << 26; // 64 Mi elements, 256 MiB per array
-    let b = vec![1.0f32; N];
-    let c = vec![2.0f32; N];
-    let mut a = vec![0.0f32; N];
-    let chunk = N / (rayon::current_num_threads() * 4);
-    let mut best = f64::MAX;
-    for pass in 0..6 {
+    let mut t = Triad::new();
+    (0..5).map(|_| t.pass()).fold(0f64, f64::max)
+}
+
+/// A triad's three arrays (256 MiB each, far larger than any cache), allocated and faulted in
+/// once, for passes timed one at a time.
+pub struct Triad {
+    a: Vec<Page>,
+    b: Vec<Page>,
+    c: Vec<Page>,
+}
+
+/// The arrays start on page boundaries wherever malloc puts them: with blocks from the heap
+/// (as after a model's load, `memory::Loading`) they were 16 bytes past one, each at another
+/// offset, and the triad read 17 % lower (28.6 against 34.4 GB/s, the same process on the
+/// Zen 4 VM) than with the page-aligned blocks mmap gives.
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct Page([f32; 1024]);
+
+fn floats(p: &[Page]) -> &[f32] {
+    // SAFETY: a page is 1024 f32s with no padding.
+    unsafe { std::slice::from_raw_parts(p.as_ptr() as *const f32, p.len() * 1024) }
+}
+
+fn floats_mut(p: &mut [Page]) -> &mut [f32] {
+    // SAFETY: as in `floats`, borrowed mutably.
+    unsafe { std::slice::from_raw_parts_mut(p.as_mut_ptr() as *mut f32, p.len() * 1024) }
+}
+
+impl Triad {
+    const N: usize = 1 << 26;
+
+    pub fn new() -> Triad {
+        let pages = |v: f32| vec![Page([v; 1024]); Self::N / 1024];
+        let mut t = Triad { a: pages(0.0), b: pages(1.0), c: pages(2.0) };
+        // The first pass faults the pages in; it is not a measure.
+        t.pass();
+        t
+    }
+
+    /// One pass, GB/s.
+    pub fn pass(&mut self) -> f64 {
+        let chunk = Self::N / (rayon::current_num_threads() * 4);
         let s = black_box(3.0f32);
         let t = Instant::now();
-        a.par_chunks_mut(chunk).zip(b.par_chunks(chunk)).zip(c.par_chunks(chunk)).for_each(|((a, b), c)| {
-            for i in 0..a.len() {
-                a[i] = b[i] + s * c[i];
+        let (b, c) = (floats(&self.b), floats(&self.c));
+        // On the team the products run on (the calling thread and its helpers), so that the
+        // helpers still spinning after a decode step take part rather than compete.
+        super::team::chunks_mut(floats_mut(&mut self.a), chunk, |i, a| {
+            let (b, c) = (&b[i * chunk..][..a.len()], &c[i * chunk..][..a.len()]);
+            for j in 0..a.len() {
+                a[j] = b[j] + s * c[j];
             }
         });
-        black_box(&a);
-        // The first pass faults the pages in.
-        if pass > 0 {
-            best = best.min(t.elapsed().as_secs_f64());
-        }
+        black_box(&self.a);
+        (3 * Self::N * 4) as f64 / t.elapsed().as_secs_f64() / 1e9
     }
-    (3 * N * 4) as f64 / best / 1e9
+}
+
+impl Default for Triad {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Decode steps each bracketed by triad passes, so that every step is set against the
+/// bandwidth of its own moment: on a shared host the triad can move by half within minutes,
+/// and a share against one measured seconds earlier is then no measure.
+#[derive(Clone, Debug, Serialize)]
+pub struct Paired {
+    pub steps: usize,
+    /// Median, over the steps, of the bytes a step read per second as % of the mean of the
+    /// two passes either side of it.
+    pub median_pct: f64,
+    /// The steps' first and third quartiles of the same share.
+    pub quartile_pcts: [f64; 2],
+    /// Median of the triad passes, GB/s.
+    pub triad_median_gbs: f64,
+}
+
+/// Runs `steps` steps, a triad pass before the first and after each; `step(i)` does step `i`
+/// and returns the bytes it read.
+pub fn paired<E>(steps: usize, mut step: impl FnMut(usize) -> Result<f64, E>) -> Result<Paired, E> {
+    let mut triad = Triad::new();
+    let mut gbs = vec![triad.pass()];
+    let mut shares = Vec::with_capacity(steps);
+    for i in 0..steps {
+        let t = Instant::now();
+        let bytes = step(i)?;
+        let s = t.elapsed().as_secs_f64();
+        gbs.push(triad.pass());
+        shares.push(100.0 * bytes / s / 1e9 / ((gbs[i] + gbs[i + 1]) / 2.0));
+    }
+    Ok(Paired { steps, median_pct: quantile(&mut shares, 0.5), quartile_pcts: [quantile(&mut shares, 0.25), quantile(&mut shares, 0.75)], triad_median_gbs: quantile(&mut gbs, 0.5) })
+}
+
+/// The `q`-quantile of `v` (nearest rank); NaN when empty.
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n => v[((n - 1) as f64 * q).round() as usize],
+    }
 }
 
 /// FLOPs per second of independent FMA (or bf16 dot) chains on every thread.
@@ -144,5 +228,37 @@ mod x86 {
         black_box(acc);
         // 32 products and 32 sums into 16 lanes per instruction.
         (iters * 12 * 64) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_by_nearest_rank() {
+        let mut v = [5.0, 1.0, 4.0, 2.0, 3.0];
+        assert_eq!([0.0, 0.25, 0.5, 0.75, 1.0].map(|q| quantile(&mut v, q)), [1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert!(quantile(&mut [], 0.5).is_nan());
+    }
+
+    /// Every step runs once, in order, between passes; an error stops the run and comes back.
+    /// The arrays start on pages, wherever malloc put them.
+    #[test]
+    fn paired_steps_run_in_order_between_passes() {
+        let t = Triad::new();
+        assert!([&t.a, &t.b, &t.c].iter().all(|v| (v.as_ptr() as usize).is_multiple_of(4096)));
+        drop(t);
+        let mut seen = vec![];
+        let p = paired(3, |i| -> Result<f64, ()> {
+            seen.push(i);
+            Ok(1e6)
+        })
+        .unwrap();
+        assert_eq!((seen, p.steps), (vec![0, 1, 2], 3));
+        assert!(p.triad_median_gbs > 0.0 && p.median_pct > 0.0 && p.quartile_pcts[0] <= p.median_pct && p.median_pct <= p.quartile_pcts[1], "{p:?}");
+        let mut runs = 0;
+        assert_eq!(paired(3, |i| if i == 1 { Err("step 1") } else { runs += 1; Ok(1.0) }).unwrap_err(), "step 1");
+        assert_eq!(runs, 1);
     }
 }
