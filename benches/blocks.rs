@@ -12,7 +12,8 @@
 //! take longer than the measurement).
 
 use candle_core::{Device, Tensor};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use merg::cpu::blocks::{Format, PackedBlocks};
 use merg::cpu::q6_k::PackedQ6K;
 use merg::cpu::q8_0::PackedQ8;
@@ -70,36 +71,33 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group(format!("blocks_{}", merg::cpu::level().name()));
     g.sample_size(10);
     for f in [Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q4K, Format::Q5K, Format::Q6K] {
-        let (big, w) = weights(f, (n, n_decode));
-        g.throughput(Throughput::Bytes(big.bytes() as u64));
-        g.bench_function(format!("{f:?}_decode_bytes"), |b| b.iter(|| big.matmul(&x, 1, &mut out)));
-        drop(big);
-        g.throughput(Throughput::Elements((256 * n * K) as u64));
-        g.bench_function(format!("{f:?}_prefill256_macs"), |b| b.iter(|| w.matmul(&x, 256, &mut out)));
+        decode_and_prefill(&mut g, &format!("{f:?}"), weights(f, (n, n_decode)), PackedBlocks::bytes, PackedBlocks::matmul, (&x, &mut out), n);
     }
     if merg::cpu::q6_k::available() {
         let bytes = random_blocks(Format::Q6K, n_decode);
-        let (big, w) = (PackedQ6K::pack(&bytes, n_decode, K).expect("whole blocks"), PackedQ6K::pack(&bytes, n, K).expect("whole blocks"));
-        g.throughput(Throughput::Bytes(big.bytes() as u64));
-        g.bench_function("Q6K_vnni_decode_bytes", |b| b.iter(|| big.matmul(&x, 1, &mut out)));
-        drop(big);
-        g.throughput(Throughput::Elements((256 * n * K) as u64));
-        g.bench_function("Q6K_vnni_prefill256_macs", |b| b.iter(|| w.matmul(&x, 256, &mut out)));
+        let pack = |rows| PackedQ6K::pack(&bytes, rows, K).expect("whole blocks");
+        decode_and_prefill(&mut g, "Q6K_vnni", (pack(n_decode), pack(n)), PackedQ6K::bytes, PackedQ6K::matmul, (&x, &mut out), n);
     }
     if merg::cpu::q8_0::available() {
         let bytes = random_blocks(Format::Q8_0, n_decode);
-        let (big, w) = (PackedQ8::pack(&bytes, n_decode, K).expect("whole blocks"), PackedQ8::pack(&bytes, n, K).expect("whole blocks"));
-        g.throughput(Throughput::Bytes(big.bytes() as u64));
-        g.bench_function("Q8_0_vnni_decode_bytes", |b| b.iter(|| big.matmul(&x, 1, &mut out)));
-        drop(big);
-        g.throughput(Throughput::Elements((256 * n * K) as u64));
-        g.bench_function("Q8_0_vnni_prefill256_macs", |b| b.iter(|| w.matmul(&x, 256, &mut out)));
+        let pack = |rows| PackedQ8::pack(&bytes, rows, K).expect("whole blocks");
+        decode_and_prefill(&mut g, "Q8_0_vnni", (pack(n_decode), pack(n)), PackedQ8::bytes, PackedQ8::matmul, (&x, &mut out), n);
     }
     let xt = Tensor::from_slice(&x, (256, K), &Device::Cpu).unwrap();
     let wt = Tensor::from_slice(&x[..K * 256], (256, K), &Device::Cpu).unwrap().repeat((n / 256, 1)).unwrap();
     g.throughput(Throughput::Elements((256 * (n / 256 * 256) * K) as u64));
     g.bench_function("f32_gemm_prefill256_macs", |b| b.iter(|| xt.matmul(&wt.t().unwrap()).unwrap()));
     g.finish();
+}
+
+/// `{name}_decode_bytes` (one row against `big`, weight bytes a second), then, with `big`
+/// dropped, `{name}_prefill256_macs` (256 rows against `w`, `[n, K]`).
+fn decode_and_prefill<W>(g: &mut BenchmarkGroup<WallTime>, name: &str, (big, w): (W, W), bytes: fn(&W) -> usize, matmul: fn(&W, &[f32], usize, &mut [f32]), (x, out): (&[f32], &mut [f32]), n: usize) {
+    g.throughput(Throughput::Bytes(bytes(&big) as u64));
+    g.bench_function(format!("{name}_decode_bytes"), |b| b.iter(|| matmul(&big, x, 1, out)));
+    drop(big);
+    g.throughput(Throughput::Elements((256 * n * K) as u64));
+    g.bench_function(format!("{name}_prefill256_macs"), |b| b.iter(|| matmul(&w, x, 256, out)));
 }
 
 criterion_group!(benches, bench);
