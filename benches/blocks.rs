@@ -8,8 +8,8 @@
 //! Q6_K and Q8_0 are measured a second time in `cpu::q6_k`'s and `cpu::q8_0`'s panels (what a
 //! model uses there) on the same bytes.
 //!
-//! The blocks are random bytes with sane f16 scales (quantizing 22M values with candle would
-//! take longer than the measurement).
+//! The blocks are random bytes with sane f16 scales (`common::random_blocks`: quantizing 22M
+//! values with candle would take longer than the measurement).
 
 use candle_core::{Device, Tensor};
 use criterion::measurement::WallTime;
@@ -18,6 +18,8 @@ use merg::cpu::blocks::{Format, PackedBlocks};
 use merg::cpu::q6_k::PackedQ6K;
 use merg::cpu::q8_0::PackedQ8;
 use rand::{rngs::StdRng, Rng, SeedableRng};
+
+mod common;
 
 const K: usize = 2048;
 
@@ -31,30 +33,9 @@ fn rows() -> (usize, usize) {
     }
 }
 
-/// Offsets of a block's f16 scales (d, and dmin/m where the format has one).
-fn scale_offsets(f: Format) -> &'static [usize] {
-    match f {
-        Format::Q8_0 | Format::Q4_0 | Format::Q5_0 => &[0],
-        Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => &[0, 2],
-        Format::Q6K => &[208],
-    }
-}
-
-/// Random blocks of `f` for the decode weight ([n_decode, K]); the prefill one is its first rows.
-fn random_blocks(f: Format, n_decode: usize) -> Vec<u8> {
-    let mut rng = StdRng::seed_from_u64(f as u64);
-    let mut bytes: Vec<u8> = (0..n_decode * K / f.values() * f.bytes()).map(|_| rng.random()).collect();
-    for blk in bytes.chunks_exact_mut(f.bytes()) {
-        for &at in scale_offsets(f) {
-            blk[at..at + 2].copy_from_slice(&half::f16::from_f32(rng.random_range(1e-3..1e-2)).to_le_bytes());
-        }
-    }
-    bytes
-}
-
 /// The decode weight and the prefill one in the file's blocks.
 fn weights(f: Format, (n, n_decode): (usize, usize)) -> (PackedBlocks, PackedBlocks) {
-    let bytes = random_blocks(f, n_decode);
+    let bytes = common::random_blocks(f, n_decode, K);
     let pack = |n| PackedBlocks::pack(f, &bytes, n, K).expect("whole blocks");
     (pack(n_decode), pack(n))
 }
@@ -74,12 +55,12 @@ fn bench(c: &mut Criterion) {
         decode_and_prefill(&mut g, &format!("{f:?}"), weights(f, (n, n_decode)), PackedBlocks::bytes, PackedBlocks::matmul, (&x, &mut out), n);
     }
     if merg::cpu::q6_k::available() {
-        let bytes = random_blocks(Format::Q6K, n_decode);
+        let bytes = common::random_blocks(Format::Q6K, n_decode, K);
         let pack = |rows| PackedQ6K::pack(&bytes, rows, K).expect("whole blocks");
         decode_and_prefill(&mut g, "Q6K_vnni", (pack(n_decode), pack(n)), PackedQ6K::bytes, PackedQ6K::matmul, (&x, &mut out), n);
     }
     if merg::cpu::q8_0::available() {
-        let bytes = random_blocks(Format::Q8_0, n_decode);
+        let bytes = common::random_blocks(Format::Q8_0, n_decode, K);
         let pack = |rows| PackedQ8::pack(&bytes, rows, K).expect("whole blocks");
         decode_and_prefill(&mut g, "Q8_0_vnni", (pack(n_decode), pack(n)), PackedQ8::bytes, PackedQ8::matmul, (&x, &mut out), n);
     }

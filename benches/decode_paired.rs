@@ -13,6 +13,8 @@ use merg::cpu::blocks::{Format, PackedBlocks};
 use merg::cpu::{bf16::PackedBf16, fp32::PackedF32, q4_k::PackedQ4K, q6_k::PackedQ6K, q8_0::PackedQ8};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+mod common;
+
 /// `[n, k]` of the weights, and products per figure: the real sizes under `cargo bench`; a
 /// few rows and steps when `cargo test` runs this once unoptimised, which only shows it runs.
 fn sizes() -> (usize, usize, usize) {
@@ -20,23 +22,6 @@ fn sizes() -> (usize, usize, usize) {
         true => (131072, 2048, 24),
         false => (512, 2048, 2),
     }
-}
-
-/// Random blocks of `f` with sane f16 scales, `[n, k]`.
-fn blocks(f: Format, n: usize, k: usize) -> Vec<u8> {
-    let mut rng = StdRng::seed_from_u64(f as u64);
-    let mut bytes: Vec<u8> = (0..n * k / f.values() * f.bytes()).map(|_| rng.random()).collect();
-    let scales: &[usize] = match f {
-        Format::Q8_0 | Format::Q4_0 | Format::Q5_0 => &[0],
-        Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => &[0, 2],
-        Format::Q6K => &[208],
-    };
-    for blk in bytes.chunks_exact_mut(f.bytes()) {
-        for &at in scales {
-            blk[at..at + 2].copy_from_slice(&half::f16::from_f32(rng.random_range(1e-3..1e-2)).to_le_bytes());
-        }
-    }
-    bytes
 }
 
 /// Runs `product` `steps` times between triad passes and prints the line.
@@ -64,16 +49,16 @@ fn main() {
     let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
     let mut out = vec![0f32; n.max(151936)];
     if merg::cpu::q8_0::available() {
-        let w = PackedQ8::pack(&blocks(Format::Q8_0, n, k), n, k).expect("whole blocks");
+        let w = PackedQ8::pack(&common::random_blocks(Format::Q8_0, n, k), n, k).expect("whole blocks");
         measure("Q8_0 VNNI panels", w.bytes(), steps, || w.matmul(&x, 1, &mut out));
         let head = if n > 4096 { 151936 } else { n };
-        let w = PackedQ8::pack(&blocks(Format::Q8_0, head, 896), head, 896).expect("whole blocks");
+        let w = PackedQ8::pack(&common::random_blocks(Format::Q8_0, head, 896), head, 896).expect("whole blocks");
         measure("Q8_0 VNNI panels, k 896", w.bytes(), steps, || w.matmul(&x[..896], 1, &mut out));
-        let w = PackedQ4K::pack(&blocks(Format::Q4K, n, k), n, k).expect("whole blocks");
+        let w = PackedQ4K::pack(&common::random_blocks(Format::Q4K, n, k), n, k).expect("whole blocks");
         measure("Q4_K VNNI panels", w.bytes(), steps, || w.matmul(&x, 1, &mut out));
     }
     if merg::cpu::q6_k::available() {
-        let w = PackedQ6K::pack(&blocks(Format::Q6K, n, k), n, k).expect("whole blocks");
+        let w = PackedQ6K::pack(&common::random_blocks(Format::Q6K, n, k), n, k).expect("whole blocks");
         measure("Q6_K VNNI panels", w.bytes(), steps, || w.matmul(&x, 1, &mut out));
     }
     // The dense panels at half the rows: an f32 [131072, 2048] would be 1 GiB.
@@ -94,7 +79,7 @@ fn main() {
         return;
     }
     for f in [Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_0, Format::Q5_1, Format::Q4K, Format::Q5K, Format::Q6K] {
-        let w = PackedBlocks::pack(f, &blocks(f, n, k), n, k).expect("whole blocks");
+        let w = PackedBlocks::pack(f, &common::random_blocks(f, n, k), n, k).expect("whole blocks");
         measure(&format!("{f:?} block kernel"), w.bytes(), steps, || w.matmul(&x, 1, &mut out));
     }
 }
