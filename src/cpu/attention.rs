@@ -8,6 +8,8 @@
 use candle_core::{DType, Result, Tensor};
 use half::bf16;
 
+mod group;
+
 /// Where one sequence's query reads: the store rows of its positions, oldest first.
 pub struct Query<'a> {
     pub slots: &'a [u32],
@@ -15,14 +17,18 @@ pub struct Query<'a> {
 
 /// A K or V row as f32: an f32 store's row itself, a bf16 one's widened into `scratch`.
 trait Value: Copy + Send + Sync {
+    /// Stored as bf16 (else f32).
+    const BF16: bool;
     fn row<'a>(row: &'a [Self], scratch: &'a mut [f32]) -> &'a [f32];
 }
 impl Value for f32 {
+    const BF16: bool = false;
     fn row<'a>(row: &'a [f32], _: &'a mut [f32]) -> &'a [f32] {
         row
     }
 }
 impl Value for bf16 {
+    const BF16: bool = true;
     fn row<'a>(row: &'a [bf16], scratch: &'a mut [f32]) -> &'a [f32] {
         for (o, x) in scratch.iter_mut().zip(row) {
             *o = x.to_f32();
@@ -80,11 +86,13 @@ impl Shape {
             // Scores [group][keys], a softmax over each head's, then the weighted sums of values.
             let n = slots.len();
             let mut p = vec![0f32; group * n];
-            let mut kr = vec![0f32; d];
-            for (j, &s) in slots.iter().enumerate() {
-                let kr = T::row(&k[s as usize * width + off..][..d], &mut kr);
-                for (h, qh) in qg.chunks_exact(d).enumerate() {
-                    p[h * n + j] = dot(qh, kr) * scale;
+            if !group::scores(qg, k, v, (width, off, d), slots, scale, &mut p) {
+                let mut kr = vec![0f32; d];
+                for (j, &s) in slots.iter().enumerate() {
+                    let kr = T::row(&k[s as usize * width + off..][..d], &mut kr);
+                    for (h, qh) in qg.chunks_exact(d).enumerate() {
+                        p[h * n + j] = dot(qh, kr) * scale;
+                    }
                 }
             }
             for ph in p.chunks_exact_mut(n.max(1)) {
@@ -92,12 +100,14 @@ impl Shape {
                 let sum = super::elementwise::exp_sub_sum(ph, max);
                 ph.iter_mut().for_each(|w| *w /= sum);
             }
-            o.fill(0.0);
-            let mut vr = vec![0f32; d];
-            for (j, &s) in slots.iter().enumerate() {
-                let vr = T::row(&v[s as usize * width + off..][..d], &mut vr);
-                for (h, oh) in o.chunks_exact_mut(d).enumerate() {
-                    axpy(p[h * n + j], vr, oh);
+            if !group::values(&p, v, (width, off, d), slots, o) {
+                o.fill(0.0);
+                let mut vr = vec![0f32; d];
+                for (j, &s) in slots.iter().enumerate() {
+                    let vr = T::row(&v[s as usize * width + off..][..d], &mut vr);
+                    for (h, oh) in o.chunks_exact_mut(d).enumerate() {
+                        axpy(p[h * n + j], vr, oh);
+                    }
                 }
             }
         });
@@ -256,28 +266,34 @@ mod tests {
     use candle_core::Device;
 
     /// Against the gathered reference (`causal_gqa`) with slots scattered over the store, two
-    /// sequences of different lengths, grouped heads, f32 and bf16 stores.
+    /// sequences of different lengths, grouped heads, f32 and bf16 stores; groups of 3 and 11
+    /// heads (a tile of eight and a rest in `group`), head dims of 16 and 24 (whole eight-lane
+    /// chunks) and 12 (the scalar loop at every level).
     #[test]
     fn equals_gathered_attention() -> Result<()> {
         let dev = Device::Cpu;
-        let (heads, kvh, d, rows) = (6, 2, 16, 40);
-        let k = crate::testing::randn(115, (rows, kvh * d), 1.)?;
-        let v = crate::testing::randn(116, (rows, kvh * d), 1.)?;
-        let q = crate::testing::randn(117, (2, heads, d), 1.)?;
+        let rows = 40;
         let slots: [Vec<u32>; 2] = [vec![3, 17, 5, 30, 8], (10..33).rev().collect()];
-        for dtype in [DType::F32, DType::BF16] {
-            let (k, v) = (k.to_dtype(dtype)?, v.to_dtype(dtype)?);
-            let queries: Vec<Query> = slots.iter().map(|s| Query { slots: s }).collect();
-            let got = decode(&q, &k, &v, kvh, &queries, 0.25)?.expect("cpu");
-            for (i, s) in slots.iter().enumerate() {
-                let idx = Tensor::new(s.as_slice(), &dev)?;
-                let kc = k.index_select(&idx, 0)?.to_dtype(DType::F32)?.reshape((s.len(), kvh, d))?;
-                let vc = v.index_select(&idx, 0)?.to_dtype(DType::F32)?.reshape((s.len(), kvh, d))?;
-                let want = crate::layers::causal_gqa(&q.narrow(0, i, 1)?, &kc, &vc, 0.25)?;
-                let diff = (got.narrow(0, i, 1)? - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
-                assert!(diff < 1e-5, "{dtype:?} sequence {i}: {diff}");
+        for (heads, kvh, d) in [(6, 2, 16), (22, 2, 24), (3, 1, 12)] {
+            let k = crate::testing::randn(115, (rows, kvh * d), 1.)?;
+            let v = crate::testing::randn(116, (rows, kvh * d), 1.)?;
+            let q = crate::testing::randn(117, (2, heads, d), 1.)?;
+            for dtype in [DType::F32, DType::BF16] {
+                let (k, v) = (k.to_dtype(dtype)?, v.to_dtype(dtype)?);
+                let queries: Vec<Query> = slots.iter().map(|s| Query { slots: s }).collect();
+                let got = decode(&q, &k, &v, kvh, &queries, 0.25)?.expect("cpu");
+                for (i, s) in slots.iter().enumerate() {
+                    let idx = Tensor::new(s.as_slice(), &dev)?;
+                    let kc = k.index_select(&idx, 0)?.to_dtype(DType::F32)?.reshape((s.len(), kvh, d))?;
+                    let vc = v.index_select(&idx, 0)?.to_dtype(DType::F32)?.reshape((s.len(), kvh, d))?;
+                    let want = crate::layers::causal_gqa(&q.narrow(0, i, 1)?, &kc, &vc, 0.25)?;
+                    let diff = (got.narrow(0, i, 1)? - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+                    assert!(diff < 1e-5, "{dtype:?} {heads}/{kvh} heads of {d}, sequence {i}: {diff}");
+                }
             }
         }
+        let (k, v, q) = (crate::testing::randn(115, (rows, 32), 1.)?, crate::testing::randn(116, (rows, 32), 1.)?, crate::testing::randn(117, (2, 6, 16), 1.)?);
+        let kvh = 2;
         let bad = [Query { slots: &[41] }, Query { slots: &[0] }];
         assert!(decode(&q, &k, &v, kvh, &bad, 0.25).unwrap_err().to_string().contains("slot 41 is outside"));
         Ok(())
