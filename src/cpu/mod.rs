@@ -2,6 +2,7 @@
 //! portable Rust as the last resort. `MERG_CPU_KERNELS=avx2|portable` forces a lower level (to
 //! test the fallbacks, or to compare); the level in use is logged once.
 
+pub mod arena;
 pub mod attention;
 pub mod bf16;
 pub mod blocks;

@@ -15,6 +15,8 @@ use rayon::prelude::*;
 
 use candle_core::{DType, Device, Result, Tensor};
 
+use super::arena::Huge;
+
 /// Tensors smaller than this stay where they are (a huge page is 2 MiB).
 const MIN_BYTES: usize = 4 << 20;
 
@@ -56,10 +58,30 @@ const COLLAPSE: i32 = 0;
 fn on_huge_pages<T>(len: usize, fill: impl FnOnce(&mut Vec<T>)) -> Vec<T> {
     let mut v = Vec::with_capacity(len);
     let bytes = len * std::mem::size_of::<T>();
-    advise(v.as_ptr() as *const u8, bytes, HUGE, HUGEPAGE);
+    advise_huge(v.as_ptr() as *const u8, bytes);
     fill(&mut v);
-    advise(v.as_ptr() as *const u8, bytes, HUGE, COLLAPSE);
+    collapse(v.as_ptr() as *const u8, bytes);
     v
+}
+
+/// Asks for huge pages over the whole ones inside `[ptr, ptr + len)`, before first touch.
+pub(super) fn advise_huge(ptr: *const u8, len: usize) {
+    advise(ptr, len, HUGE, HUGEPAGE);
+}
+
+/// Moves the whole huge pages inside `[ptr, ptr + len)` onto huge pages now (contents kept).
+pub(super) fn collapse(ptr: *const u8, len: usize) {
+    advise(ptr, len, HUGE, COLLAPSE);
+}
+
+/// Drops the contents of the whole huge pages inside `[ptr, ptr + len)`, which must be
+/// anonymous memory no one reads before writing it again: they leave the resident set and
+/// fault back in zeroed.
+pub(super) fn discard(ptr: *const u8, len: usize) {
+    #[cfg(target_os = "linux")]
+    advise(ptr, len, HUGE, libc::MADV_DONTNEED);
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, len);
 }
 
 /// A fresh vector of `len` elements on huge pages, written in parallel: `init(i, part)` must
@@ -68,19 +90,29 @@ fn on_huge_pages<T>(len: usize, fill: impl FnOnce(&mut Vec<T>)) -> Vec<T> {
 /// a large repack's time, measured with perf on the Q8_0 start) is spread over every thread
 /// instead of falling on the caller's. Bands of `band` parts go in turn; `band_done(parts
 /// written so far)` runs on the caller's thread after each.
-pub fn huge_parts<T: Copy + Send + Sync>(len: usize, part: usize, band: usize, init: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync, mut band_done: impl FnMut(usize)) -> Vec<T> {
-    let part = part.max(1);
-    let band = band.max(1).saturating_mul(part);
+pub fn huge_parts<T: Copy + Send + Sync>(len: usize, part: usize, band: usize, init: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync, band_done: impl FnMut(usize)) -> Vec<T> {
     on_huge_pages(len, |v| {
-        let spare = &mut v.spare_capacity_mut()[..len];
-        for (b, chunk) in spare.chunks_mut(band).enumerate() {
-            let first = b * band / part;
-            chunk.par_chunks_mut(part).enumerate().for_each(|(i, p)| init(first + i, p));
-            band_done(first + chunk.len().div_ceil(part));
-        }
-        // SAFETY: the bands cover `0..len` and `init` wrote every element of its part.
+        in_bands(&mut v.spare_capacity_mut()[..len], part, band, init, band_done);
+        // SAFETY: `in_bands` had `init` write every element of `0..len`.
         unsafe { v.set_len(len) };
     })
+}
+
+/// As `huge_parts`, in the weights' home (`arena`: on huge pages from end to end, small
+/// weights sharing them).
+pub fn weight_parts<T: Copy + Send + Sync>(len: usize, part: usize, band: usize, init: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync, band_done: impl FnMut(usize)) -> Huge<T> {
+    Huge::build(len, |spare| in_bands(spare, part, band, init, band_done))
+}
+
+/// `init` over the parts of `spare`, in parallel, band by band (`huge_parts`).
+fn in_bands<T: Send>(spare: &mut [MaybeUninit<T>], part: usize, band: usize, init: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync, mut band_done: impl FnMut(usize)) {
+    let part = part.max(1);
+    let band = band.max(1).saturating_mul(part);
+    for (b, chunk) in spare.chunks_mut(band).enumerate() {
+        let first = b * band / part;
+        chunk.par_chunks_mut(part).enumerate().for_each(|(i, p)| init(first + i, p));
+        band_done(first + chunk.len().div_ceil(part));
+    }
 }
 
 /// Elements a worker writes at a time in the copies below (256 KiB of f32).
@@ -99,11 +131,17 @@ pub fn huge_copy<T: Copy + Send + Sync>(src: &[T]) -> Vec<T> {
     huge_parts(src.len(), PART, band, |i, p| write_all(p, &src[i * PART..i * PART + p.len()]), |done| copied(done * PART, src.len()))
 }
 
-/// `parts` one after another, on huge pages (joined weights: no intermediate copy).
-pub fn huge_concat<T: Copy + Send + Sync>(parts: &[&[T]]) -> Vec<T> {
+/// A copy of `src` in the weights' home (in bands, telling `copied` how far it got).
+pub fn weight_copy<T: Copy + Send + Sync>(src: &[T]) -> Huge<T> {
+    let band = (BAND_BYTES / (PART * std::mem::size_of::<T>().max(1))).max(1);
+    weight_parts(src.len(), PART, band, |i, p| write_all(p, &src[i * PART..i * PART + p.len()]), |done| copied(done * PART, src.len()))
+}
+
+/// `parts` one after another, in the weights' home (joined weights: no intermediate copy).
+pub fn weight_concat<T: Copy + Send + Sync>(parts: &[&[T]]) -> Huge<T> {
     let starts: Vec<usize> = parts.iter().scan(0, |at, p| Some(std::mem::replace(at, *at + p.len()))).collect();
     let len = parts.iter().map(|p| p.len()).sum();
-    huge_parts(
+    weight_parts(
         len,
         PART,
         usize::MAX,
@@ -168,8 +206,8 @@ pub fn release(bytes: &[u8]) {
     let _ = bytes;
 }
 
-/// As `huge_parts`, each part filled with `fill` by its worker before `init` sees it.
-pub fn huge_filled<T: Copy + Send + Sync>(len: usize, part: usize, band: usize, fill: T, init: impl Fn(usize, &mut [T]) + Sync, band_done: impl FnMut(usize)) -> Vec<T> {
+/// As `weight_parts`, each part filled with `fill` by its worker before `init` sees it.
+pub fn weight_filled<T: Copy + Send + Sync>(len: usize, part: usize, band: usize, fill: T, init: impl Fn(usize, &mut [T]) + Sync, band_done: impl FnMut(usize)) -> Huge<T> {
     let filled = |i: usize, p: &mut [MaybeUninit<T>]| {
         p.iter_mut().for_each(|x| {
             x.write(fill);
@@ -177,12 +215,7 @@ pub fn huge_filled<T: Copy + Send + Sync>(len: usize, part: usize, band: usize, 
         // SAFETY: every element of the part was just written.
         init(i, unsafe { &mut *(p as *mut [MaybeUninit<T>] as *mut [T]) });
     };
-    huge_parts(len, part, band, filled, band_done)
-}
-
-/// `len` copies of `fill`, on huge pages.
-pub fn huge_vec<T: Copy + Send + Sync>(len: usize, fill: T) -> Vec<T> {
-    huge_filled(len, PART, usize::MAX, fill, |_, _| {}, |_| {})
+    weight_parts(len, part, band, filled, band_done)
 }
 
 /// A large contiguous CPU tensor moved onto huge pages (a copy; the original is dropped by the
@@ -219,7 +252,7 @@ mod tests {
         assert_eq!(r.dtype(), DType::BF16);
         let d = (r.to_dtype(DType::F32)? - t.to_dtype(DType::F32)?)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert_eq!(d, 0.0);
-        let v = huge_vec(3 << 20, 7u8);
+        let v = weight_filled(3 << 20, PART, 1, 7u8, |_, _| {}, |_| {});
         assert!(v.len() == 3 << 20 && v.iter().all(|&b| b == 7));
         Ok(())
     }
@@ -232,7 +265,8 @@ mod tests {
         let src: Vec<u32> = (0..(3 * PART + 17) as u32).collect();
         assert_eq!(huge_copy(&src), src);
         let (a, b, c) = (&src[..PART / 3], &src[PART / 3..PART / 3 + 5], &src[PART / 3 + 5..]);
-        assert_eq!(huge_concat(&[a, b, &[], c]), src);
+        assert_eq!(*weight_concat(&[a, b, &[], c]), src);
+        assert_eq!(*weight_copy(&src), src);
         let mut seen = vec![];
         let v: Vec<u64> = huge_parts(10, 3, 2, |i, p| p.iter_mut().enumerate().for_each(|(j, x)| { x.write((i * 3 + j) as u64); }), |n| seen.push(n));
         assert_eq!(v, (0..10).collect::<Vec<u64>>());

@@ -80,7 +80,7 @@ pub struct Panels {
     pub n: usize,
     pub k: usize,
     per_panel: usize,
-    lines: Vec<Line>,
+    lines: super::arena::Huge<Line>,
 }
 
 impl Panels {
@@ -90,7 +90,7 @@ impl Panels {
         // In bands, so a mapped source can be released behind the copy (`pages::releasing`).
         let pp = per_panel.max(1);
         let band = (super::pages::BAND_BYTES / (pp * 64)).max(1);
-        let lines = super::pages::huge_filled(n.div_ceil(PANEL) * per_panel, pp, band, fill, pack, |done| super::pages::copied((done * PANEL).min(n), n));
+        let lines = super::pages::weight_filled(n.div_ceil(PANEL) * per_panel, pp, band, fill, pack, |done| super::pages::copied((done * PANEL).min(n), n));
         Panels { n, k, per_panel, lines }
     }
 
@@ -101,7 +101,7 @@ impl Panels {
         if parts.iter().any(|p| p.k != first.k || p.per_panel != first.per_panel || p.n % PANEL != 0) {
             return None;
         }
-        let lines = super::pages::huge_concat(&parts.iter().map(|p| p.lines.as_slice()).collect::<Vec<_>>());
+        let lines = super::pages::weight_concat(&parts.iter().map(|p| &*p.lines).collect::<Vec<_>>());
         Some(Panels { n: parts.iter().map(|p| p.n).sum(), k: first.k, per_panel: first.per_panel, lines })
     }
 

@@ -117,7 +117,7 @@ pub struct PackedBlocks {
     k: usize,
     /// Rows interleaved eight at a time (`q4k8`, `rows8`) rather than the file's row order.
     grouped: bool,
-    data: Vec<u8>,
+    data: super::arena::Huge<u8>,
 }
 
 /// Whether `format` is held in groups of eight interleaved rows (every format but Q5_K).
@@ -144,7 +144,7 @@ impl PackedBlocks {
         }
         let len = n * (k / format.values()) * format.bytes();
         if !grouped(format) {
-            return Some(PackedBlocks { format, n, k, grouped: false, data: super::pages::huge_copy(&blocks[..len]) });
+            return Some(PackedBlocks { format, n, k, grouped: false, data: super::pages::weight_copy(&blocks[..len]) });
         }
         Some(Self::pack_groups(format, n, k, |g, out| Self::pack_group(format, &blocks[..len], k, g, out)))
     }
@@ -178,7 +178,7 @@ impl PackedBlocks {
     pub fn pack_groups(format: Format, n: usize, k: usize, group: impl Fn(usize, &mut [u8]) + Sync) -> PackedBlocks {
         let part = Self::held_bytes(format, GROUP_ROWS, k);
         let band = (super::pages::BAND_BYTES / part).max(1);
-        let data = super::pages::huge_filled(Self::held_bytes(format, n, k), part, band, 0u8, group, |done| super::pages::copied((done * GROUP_ROWS).min(n), n));
+        let data = super::pages::weight_filled(Self::held_bytes(format, n, k), part, band, 0u8, group, |done| super::pages::copied((done * GROUP_ROWS).min(n), n));
         PackedBlocks { format, n, k, grouped: true, data }
     }
 
@@ -248,7 +248,7 @@ impl PackedBlocks {
         if first.grouped && parts[..parts.len() - 1].iter().any(|p| !p.n.is_multiple_of(GROUP_ROWS)) {
             return None;
         }
-        let data = super::pages::huge_concat(&parts.iter().map(|p| p.data.as_slice()).collect::<Vec<_>>());
+        let data = super::pages::weight_concat(&parts.iter().map(|p| &*p.data).collect::<Vec<_>>());
         Some(PackedBlocks { format: first.format, n: parts.iter().map(|p| p.n).sum(), k: first.k, grouped: first.grouped, data })
     }
 
