@@ -54,7 +54,7 @@ impl<T> std::ops::Deref for Huge<T> {
     fn deref(&self) -> &[T] {
         match &self.home {
             Home::Heap(v) => v,
-            // SAFETY: `ptr..ptr + len` was fully written by `Huge::parts` and lives in `chunk`,
+            // SAFETY: `ptr..ptr + len` was fully written in `Huge::build_in` and lives in `chunk`,
             // which this value keeps mapped.
             Home::Chunk { ptr, len, .. } => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), *len) },
         }
@@ -133,7 +133,7 @@ impl Arena {
                 return (c, at);
             }
         }
-        let need = bytes.next_multiple_of(ALIGN).next_multiple_of(HUGE);
+        let need = bytes.next_multiple_of(HUGE);
         // A strict overcommit policy may refuse the reservation; then just what is needed.
         let chunk = Arc::new(Chunk::map(need.max(self.1)).or_else(|| Chunk::map(need)).unwrap_or_else(|| {
             std::alloc::handle_alloc_error(std::alloc::Layout::from_size_align(need, HUGE).expect("a huge page is a power of two"))
@@ -176,12 +176,16 @@ impl Chunk {
             free[i - 1].1 += free.remove(i).1;
             merged = i - 1;
         }
-        // The whole huge pages of the merged run go back to the system (a joined weight's
-        // parts are freed once it is made: 25 MiB for a 3B model's last gate/up pair would
-        // stay resident otherwise); they fault back in, zeroed and huge, when reused.
+        // The whole huge pages of the merged run that the freed run touches go back to the
+        // system (a joined weight's parts are freed once it is made: 25 MiB for a 3B model's
+        // last gate/up pair would stay resident otherwise); they fault back in, zeroed and
+        // huge, when reused. Pages away from it were given back with their own runs (or never
+        // touched: the tail of a 1 GiB chunk).
         let (run, len) = free[merged];
-        // SAFETY: the run lies inside this chunk's mapping and no `Huge` holds any of it.
-        super::pages::discard(unsafe { self.base.add(run) }, len);
+        let lo = run.max(at / HUGE * HUGE);
+        let hi = (run + len).min((at + bytes).next_multiple_of(HUGE));
+        // SAFETY: `lo..hi` lies inside the merged run, in this chunk's mapping, held by no `Huge`.
+        super::pages::discard(unsafe { self.base.add(lo) }, hi - lo);
     }
 }
 

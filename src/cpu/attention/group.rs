@@ -68,7 +68,6 @@ pub(super) fn values<T: Value>(p: &[f32], v: &[T], r: Rows, slots: &[u32], o: &m
     true
 }
 
-
 /// Every slot a whole row of a store of `len` values.
 fn in_rows(slots: &[u32], r: Rows, len: usize) -> bool {
     slots.iter().all(|&s| (s as usize + 1) * r.width <= len)
