@@ -17,7 +17,13 @@
 //! 8): one 256-bit load and two masks give both rows' low sixteen values and their high
 //! sixteen, each row in a lane, dotted against the activations' halves broadcast to both lanes,
 //! and the lanes' sums land in row order after three horizontal adds (a third of the work of
-//! widening each row's nibbles to a vector of its own). Rows past the weight's last are zeros.
+//! widening each row's nibbles to a vector of its own). A pair's fifth bits are regrouped the
+//! same way, into one 32-bit word per vector: the bits of the low sixteen values of rows `l`
+//! and `l + 4`, then those of the high sixteen. At the AVX-512 level that word is a byte mask
+//! loaded straight into a mask register (one masked add per vector sets the fifth bits; the
+//! shuffle-and-compare spread of the AVX2 path was most of the Q5_0 kernel's work, which kept
+//! it at ~45 GB/s on two Zen 4 cores with the weight in cache). Rows past the weight's last are
+//! zeros.
 
 use super::act::Q8;
 use super::Format;
@@ -83,7 +89,11 @@ pub fn pack_group(f: Format, blocks: &[u8], n: usize, nb: usize, g: usize, out: 
             // Rows l and l + 4 side by side but for Q8_0 (`pair_at`).
             let at = if f == Format::Q8_0 { 32 * r } else { pair_at(r, 16) };
             if let Some(src_at) = fqh {
-                dst[p.qh + pair_at(r, 4)..][..4].copy_from_slice(&src[src_at..src_at + 4]);
+                // Row r's bits of values 0..16 (file bytes 0-1) in its pair's first word, those
+                // of 16..32 (bytes 2-3) in the second; row l's half of a word before row l + 4's.
+                let (word, half) = (p.qh + 8 * (r % 4), 2 * (r / 4));
+                dst[word + half..][..2].copy_from_slice(&src[src_at..src_at + 2]);
+                dst[word + 4 + half..][..2].copy_from_slice(&src[src_at + 2..src_at + 4]);
             }
             dst[p.qs + at..][..p.q_bytes].copy_from_slice(&src[fqs..fqs + p.q_bytes]);
         }
@@ -100,6 +110,8 @@ pub fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: us
     unsafe {
         if F == Format::Q8_0 as u8 {
             avx2::rows_q8::<R>(w, nb, a, r0, out, stride)
+        } else if vnni() && (F == Format::Q5_0 as u8 || F == Format::Q5_1 as u8) {
+            avx2::rows_paired_masked::<F, R>(w, nb, a, r0, out, stride)
         } else if vnni() {
             avx2::rows_paired_vnni::<F, R>(w, nb, a, r0, out, stride)
         } else {
@@ -109,11 +121,11 @@ pub fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: us
 }
 
 /// Whether the 4/5-bit pairs take 256-bit `vpdpbusd` (the AVX-512 level with VNNI, as
-/// `q8_0`'s panels, and VL): the same exact integer dots as `vpmaddubsw` + `vpmaddwd`, so the
-/// same bits.
+/// `q8_0`'s panels, VL and BW, whose byte masks set the fifth bits): the same exact integer
+/// dots as `vpmaddubsw` + `vpmaddwd`, so the same bits.
 #[cfg(target_arch = "x86_64")]
 fn vnni() -> bool {
-    crate::cpu::q8_0::available() && std::is_x86_feature_detected!("avx512vl")
+    crate::cpu::q8_0::available() && std::is_x86_feature_detected!("avx512vl") && std::is_x86_feature_detected!("avx512bw")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -138,11 +150,25 @@ mod avx2 {
         if F != Format::Q5_0 as u8 && F != Format::Q5_1 as u8 {
             return (lo, hi);
         }
-        // The two rows' fifth-bit words, bytes 0-1 (values 0..16) and 2-3 of each per lane.
+        // The pair's two fifth-bit words: byte j of a word holds the bits of its vector's
+        // bytes 8j..8j + 8.
         let words = _mm256_set1_epi64x(blk.add(p.qh + 8 * k).cast::<i64>().read_unaligned());
-        let low = _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0404_0404_0404_0404, 0x0505_0505_0505_0505);
-        let high = _mm256_setr_epi64x(0x0202_0202_0202_0202, 0x0303_0303_0303_0303, 0x0606_0606_0606_0606, 0x0707_0707_0707_0707);
+        let low = _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303);
+        let high = _mm256_setr_epi64x(0x0404_0404_0404_0404, 0x0505_0505_0505_0505, 0x0606_0606_0606_0606, 0x0707_0707_0707_0707);
         (_mm256_or_si256(lo, fifth(_mm256_shuffle_epi8(words, low))), _mm256_or_si256(hi, fifth(_mm256_shuffle_epi8(words, high))))
+    }
+
+    /// `pair` for Q5_0 and Q5_1 with each fifth-bit word as a byte mask: 16 added where set.
+    #[inline]
+    #[target_feature(enable = "avx2,avx512bw,avx512vl")]
+    unsafe fn pair_masked<const F: u8>(blk: *const u8, k: usize) -> (__m256i, __m256i) {
+        let p = parts(Format::from_id(F));
+        let (m4, sixteen) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
+        let q = _mm256_loadu_si256(blk.add(p.qs + 32 * k) as *const __m256i);
+        let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+        let words = blk.add(p.qh + 8 * k).cast::<u32>();
+        let (kl, kh) = (words.read_unaligned(), words.add(1).read_unaligned());
+        (_mm256_mask_add_epi8(lo, kl, lo, sixteen), _mm256_mask_add_epi8(hi, kh, hi, sixteen))
     }
 
     /// 0x10 in byte `i` where bit `i % 8` of byte `i` of `spread` is set.
@@ -178,6 +204,9 @@ mod avx2 {
     /// of summing a block (`$sums`, with the target features `$features` it needs).
     macro_rules! rows_paired {
         ($name:ident, $features:literal, $sums:ident) => {
+            rows_paired!($name, $features, $sums, pair);
+        };
+        ($name:ident, $features:literal, $sums:ident, $pair:ident) => {
             #[target_feature(enable = $features)]
             pub unsafe fn $name<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize) {
                 let f = Format::from_id(F);
@@ -190,7 +219,7 @@ mod avx2 {
                     prefetch(blk, gb);
                     let mut u = [(_mm256_setzero_si256(), _mm256_setzero_si256()); ROWS / 2];
                     for k in 0..ROWS / 2 {
-                        u[k] = pair::<F>(blk, k);
+                        u[k] = $pair::<F>(blk, k);
                     }
                     let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
                     let c = if min { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i)) } else { _mm256_mul_ps(d, _mm256_set1_ps(offset)) };
@@ -213,6 +242,7 @@ mod avx2 {
     }
     rows_paired!(rows_paired, "avx2,fma,f16c", sums_maddubs);
     rows_paired!(rows_paired_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", sums_dpbusd);
+    rows_paired!(rows_paired_masked, "avx2,fma,f16c,avx512vnni,avx512vl,avx512bw", sums_dpbusd, pair_masked);
 
     /// Q8_0: each row's signed bytes a vector, their signs moved onto the activations
     /// (`vpmaddubsw` takes unsigned × signed).
@@ -252,9 +282,10 @@ mod tests {
     use super::*;
     use candle_core::quantized::GgmlDType;
 
-    /// `vpdpbusd`'s block sums give the bits of `vpmaddubsw` + `vpmaddwd`'s (both exact), so a
-    /// file gives the same numbers at either level: every 4/5-bit format, a group of seven
-    /// rows (the eighth zero), three activation rows, eight blocks.
+    /// `vpdpbusd`'s block sums give the bits of `vpmaddubsw` + `vpmaddwd`'s (both exact), and
+    /// the fifth bits set by byte masks those of the AVX2 spread, so a file gives the same
+    /// numbers at either level: every 4/5-bit format, a group of seven rows (the eighth zero),
+    /// three activation rows, eight blocks. (Both against candle: `every_format_matches_candle`.)
     #[test]
     fn vnni_sums_give_the_avx2_bits() -> candle_core::Result<()> {
         if !vnni() {
@@ -268,13 +299,19 @@ mod tests {
             pack_group(f, &blocks, n, k / 32, 0, &mut group);
             let a = Q8::quantize(&x, m, k);
             let (mut want, mut got) = ([0f32; 3 * ROWS], [0f32; 3 * ROWS]);
-            // SAFETY: `vnni()` checked avx512vnni and avx512vl at the AVX-512 level (avx2,
-            // fma and f16c with it); the group holds k / 32 blocks and the activations 3 rows.
+            // SAFETY: `vnni()` checked avx512vnni, avx512vl and avx512bw at the AVX-512 level
+            // (avx2, fma and f16c with it); the group holds k / 32 blocks and the activations 3
+            // rows.
             unsafe {
                 avx2::rows_paired::<F, 3>(group.as_ptr(), k / 32, &a, 0, &mut want, ROWS);
                 avx2::rows_paired_vnni::<F, 3>(group.as_ptr(), k / 32, &a, 0, &mut got, ROWS);
             }
             assert_eq!(got, want, "{f:?}");
+            if matches!(f, Format::Q5_0 | Format::Q5_1) {
+                // SAFETY: as above.
+                unsafe { avx2::rows_paired_masked::<F, 3>(group.as_ptr(), k / 32, &a, 0, &mut got, ROWS) };
+                assert_eq!(got, want, "{f:?} with byte masks");
+            }
             assert!(want.iter().any(|v| *v != 0.0), "{f:?}: a product of zeros proves nothing");
             Ok(())
         }
