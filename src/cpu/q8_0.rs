@@ -9,9 +9,12 @@
 //! lane advances 16 rows by 4 values, so a block of 16 rows is 8 instructions (the unpacked
 //! format needs about 10 per row). `vpdpbusd` multiplies unsigned by signed bytes: the weights
 //! are stored offset by 128 (`w ^ 0x80`), and the offset's share, 128 × Σx over the block, is
-//! taken off exactly by starting the integer accumulator at −128·Σx. The panel's 16 f16 scales
-//! per block follow its blocks' lines (`[block][row]`). Same bytes as the blocks (34 per 32
-//! weights) up to the last scale line's padding.
+//! taken off exactly by starting the integer accumulator at −128·Σx. The 16 rows' f16 scales
+//! of two blocks share a line (`[block][row]`), which comes before those two blocks' 16 lines,
+//! so a panel is one stream in address order; with every scale in lines after the panel's
+//! blocks, a second stream, the 0.5B output head ([151936, 896]) decoded at 62-66 % of a ~52
+//! GB/s triad (Zen 4, two cores). Same bytes as the blocks (34 per 32 weights) up to the last
+//! scale line's padding.
 
 use half::f16;
 use rayon::prelude::*;
@@ -48,15 +51,16 @@ impl PackedQ8 {
         }
         // 0x80 is a zero weight once offset; padding rows have zero scales as well.
         Some(PackedQ8(Panels::new(n, k, nb * 8 + scale_lines(nb), Line([0x80; 64]), |p, l| {
-            let (l, s) = l.split_at_mut(nb * 8);
-            s.fill(Line([0; 64]));
-            let lanes = super::panels::lanes(l);
+            for pair in l.chunks_mut(PAIR_LINES) {
+                pair[0] = Line([0; 64]);
+            }
             for r in 0..PANEL.min(n - p * PANEL) {
                 let row = &blocks[(p * PANEL + r) * nb * BLOCK_BYTES..][..nb * BLOCK_BYTES];
-                for ((b, blk), lines) in row.chunks_exact(BLOCK_BYTES).enumerate().zip(lanes.chunks_exact_mut(8)) {
-                    let at = (b * PANEL + r) * 2;
-                    s[at / 64].0[at % 64..at % 64 + 2].copy_from_slice(&blk[..2]);
+                for (b, blk) in row.chunks_exact(BLOCK_BYTES).enumerate() {
+                    let at = 2 * (PANEL * (b % 2) + r);
+                    l[scale_line(b)].0[at..at + 2].copy_from_slice(&blk[..2]);
                     // Four values a lane, offset to unsigned (`vpdpbusd` takes u8 × i8).
+                    let lines = super::panels::lanes(&mut l[block_line(b)..][..8]);
                     for (line, q) in lines.iter_mut().zip(blk[2..].chunks_exact(4)) {
                         line[r] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]).to_le() ^ 0x8080_8080;
                     }
@@ -73,22 +77,34 @@ impl PackedQ8 {
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedQ8::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
         let act = Activations::quantize(&x[..m * k], m, k);
         super::panels::run(n, m, out, |p, g, mg, res| {
-            let (lines, tail) = self.0.panel(p).split_at(nb * 8);
-            // SAFETY: the tail lines hold the panel's `nb × 16` f16 scales (64-byte aligned).
-            let scales = unsafe { std::slice::from_raw_parts(tail.as_ptr() as *const f16, nb * PANEL) };
+            let lines = self.0.panel(p);
+            debug_assert_eq!(lines.len(), nb * 8 + scale_lines(nb));
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `available()` checked avx512f and avx512vnni; the slices hold `nb` blocks
-            // of this panel and the activations `mg` rows from `g`.
+            // SAFETY: `available()` checked avx512f and avx512vnni; the panel holds `nb` blocks
+            // and their scale lines, and the activations `mg` rows from `g`.
             unsafe {
-                vnni::panel(lines, scales, nb, &act, g, mg, res)
+                vnni::panel(lines, nb, &act, g, mg, res)
             };
         });
     }
 }
 
-/// Lines after a panel's blocks that hold its f16 scales (`[block][row]`).
+/// Lines of a pair of blocks: their scale line, then each block's eight.
+const PAIR_LINES: usize = 17;
+
+/// Lines of a panel that hold its f16 scales, one per pair of blocks.
 fn scale_lines(nb: usize) -> usize {
-    (nb * PANEL * 2).div_ceil(64)
+    nb.div_ceil(2)
+}
+
+/// The line holding block `b`'s 16 scales (its first or second half).
+fn scale_line(b: usize) -> usize {
+    b / 2 * PAIR_LINES
+}
+
+/// Block `b`'s first line of values.
+fn block_line(b: usize) -> usize {
+    scale_line(b) + 1 + 8 * (b % 2)
 }
 
 /// Activations quantized per 32 values, as ggml's `quantize_row_q8_0`.
@@ -145,8 +161,7 @@ fn quantize_block(xs: &[f32], q: &mut [i32]) -> (f32, i32) {
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     use super::super::panels::{Line, PANEL, PASS_ROWS};
-    use super::Activations;
-    use half::f16;
+    use super::{block_line, scale_line, Activations};
     use std::arch::x86_64::*;
 
     /// `quantize_block` in vector registers: `x · inv` rounded half away from zero as `roundf`
@@ -171,23 +186,23 @@ mod vnni {
 
     /// One panel against activation rows `g..g + mg`: `res[r * 16 + lane]`.
     #[target_feature(enable = "avx512f,avx512vnni")]
-    pub unsafe fn panel(lines: &[Line], scales: &[f16], nb: usize, a: &Activations, g: usize, mg: usize, res: &mut [f32]) {
+    pub unsafe fn panel(lines: &[Line], nb: usize, a: &Activations, g: usize, mg: usize, res: &mut [f32]) {
         match mg {
-            1 => rows::<1>(lines, scales, nb, a, g, res),
-            2 => rows::<2>(lines, scales, nb, a, g, res),
-            3 => rows::<3>(lines, scales, nb, a, g, res),
-            4 => rows::<4>(lines, scales, nb, a, g, res),
-            5 => rows::<5>(lines, scales, nb, a, g, res),
-            6 => rows::<6>(lines, scales, nb, a, g, res),
-            7 => rows::<7>(lines, scales, nb, a, g, res),
-            _ => rows::<PASS_ROWS>(lines, scales, nb, a, g, res),
+            1 => rows::<1>(lines, nb, a, g, res),
+            2 => rows::<2>(lines, nb, a, g, res),
+            3 => rows::<3>(lines, nb, a, g, res),
+            4 => rows::<4>(lines, nb, a, g, res),
+            5 => rows::<5>(lines, nb, a, g, res),
+            6 => rows::<6>(lines, nb, a, g, res),
+            7 => rows::<7>(lines, nb, a, g, res),
+            _ => rows::<PASS_ROWS>(lines, nb, a, g, res),
         }
     }
 
     /// `M` rows (a constant, so the accumulators stay in registers). Two integer chains per row
     /// (even and odd lines) hide `vpdpbusd`'s latency at M = 1.
     #[target_feature(enable = "avx512f,avx512vnni")]
-    unsafe fn rows<const M: usize>(lines: &[Line], scales: &[f16], nb: usize, a: &Activations, g: usize, res: &mut [f32]) {
+    unsafe fn rows<const M: usize>(lines: &[Line], nb: usize, a: &Activations, g: usize, res: &mut [f32]) {
         let kq = nb * 8;
         let (q, d, off) = (a.q.as_ptr().add(g * kq), a.d.as_ptr().add(g * nb), a.offset.as_ptr().add(g * nb));
         let mut acc = [_mm512_setzero_ps(); M];
@@ -205,7 +220,7 @@ mod vnni {
             // ([151936, 896]) at 79-85 % against 66-76 %, and the 3B-8L Q8_0 file decoded at
             // 84-85 % against 81-85 %. (Q6_K's panels are the other way round: 48 % without
             // their one-block-ahead hints, 90 % with.)
-            let line = lines.as_ptr().add(b * 8) as *const __m512i;
+            let line = lines.as_ptr().add(block_line(b)) as *const __m512i;
             for h in 0..4 {
                 let (w0, w1) = (_mm512_load_si512(line.add(2 * h)), _mm512_load_si512(line.add(2 * h + 1)));
                 for r in 0..M {
@@ -214,7 +229,7 @@ mod vnni {
                     odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(*x.add(1)));
                 }
             }
-            let ws = _mm512_cvtph_ps(_mm256_loadu_si256(scales.as_ptr().add(b * PANEL) as *const __m256i));
+            let ws = _mm512_cvtph_ps(_mm256_load_si256(lines.as_ptr().add(scale_line(b)).cast::<u8>().add(32 * (b % 2)) as *const __m256i));
             for r in 0..M {
                 let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(even[r], odd[r]));
                 acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws, _mm512_set1_ps(*d.add(r * nb + b))), acc[r]);
