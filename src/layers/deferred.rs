@@ -65,7 +65,7 @@ impl Deferred {
             GgmlDType::BF16 if dtype == DType::BF16 && crate::cpu::bf16::available() && m.values::<bf16>().is_some() => Kind::Bf16,
             t if crate::cpu::quant::kernel(t) == Some(crate::cpu::quant::Kernel::Blocks) => {
                 let f = Format::of(t)?;
-                (PackedBlocks::whole_blocks(f, m.bytes(), n, k) && PackedBlocks::groups_rows(f)).then_some(Kind::Blocks(f))?
+                PackedBlocks::whole_blocks(f, m.bytes(), n, k).then_some(Kind::Blocks(f))?
             }
             _ => return None,
         };

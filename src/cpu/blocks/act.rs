@@ -16,15 +16,9 @@ pub struct Q8 {
     pub s: Vec<f32>,
 }
 
-/// Activation rows Q5_K's tile kernel takes at once (one 8-lane vector of results): a whole
-/// pass of `panels::run`, which hands the kernels passes of this many rows.
-pub const GROUP: usize = crate::cpu::panels::PASS_ROWS;
-
-/// Rows quantized per 256 values: `q` int8, `d` the scale, `bsums` each 16 values' Σq. Two
-/// layouts only some kernels read, empty unless asked for: `d8` the scales of each whole group
-/// of `GROUP` rows side by side (`[group][block][row]`, one vector for Q5_K's tile kernel,
-/// `tiles`), and `pairs` each block's eight 32-value sums as four 16-bit pairs `(2i, 2i + 1)`
-/// (what the AVX-512 Q4_K kernel's `vpdpwssd` takes against its mins, `pairs`).
+/// Rows quantized per 256 values: `q` int8, `d` the scale, `bsums` each 16 values' Σq; and,
+/// empty unless asked for, `pairs`: each block's eight 32-value sums as four 16-bit pairs
+/// `(2i, 2i + 1)` (what the AVX-512 Q4_K kernel's `vpdpwssd` takes against its mins, `pairs`).
 pub struct Q8K {
     pub k: usize,
     /// The int8 values, four to an i32 (little-endian: value `4i + j` is byte `j` of quad `i`),
@@ -34,7 +28,6 @@ pub struct Q8K {
     quads: Vec<i32>,
     pub d: Vec<f32>,
     pub bsums: Vec<i16>,
-    pub d8: Vec<f32>,
     pub pairs: Vec<i32>,
 }
 
@@ -64,21 +57,6 @@ impl Q8 {
     }
 }
 
-/// `f(block index)` of the whole `GROUP`-row groups of an `[m, nb]` block grid, laid out
-/// `[group][block][row]`.
-fn by_group(m: usize, nb: usize, f: impl Fn(usize) -> f32) -> Vec<f32> {
-    let groups = m / GROUP;
-    let mut out = vec![0f32; groups * nb * GROUP];
-    for g in 0..groups {
-        for b in 0..nb {
-            for r in 0..GROUP {
-                out[(g * nb + b) * GROUP + r] = f((g * GROUP + r) * nb + b);
-            }
-        }
-    }
-    out
-}
-
 impl Q8K {
     /// `x` is `[m, k]` with `k` a multiple of 256.
     pub fn quantize(x: &[f32], m: usize, k: usize) -> Q8K {
@@ -88,7 +66,7 @@ impl Q8K {
         // only for this call.
         let q = unsafe { std::slice::from_raw_parts_mut(quads.as_mut_ptr() as *mut i8, m * k) };
         blocks(m > 1, &x[..m * k], 256, q, &mut d, &mut bsums, 16, |x, q, d, sums| *d = q8k_block(x, q, sums));
-        Q8K { k, quads, d, bsums, d8: Vec::new(), pairs: Vec::new() }
+        Q8K { k, quads, d, bsums, pairs: Vec::new() }
     }
 
     /// The values as bytes, row after row.
@@ -100,12 +78,6 @@ impl Q8K {
     /// The values as quadruples, 64 per block.
     pub fn quads(&self) -> &[i32] {
         &self.quads
-    }
-
-    /// Also the scales by group (`d8`).
-    pub fn tiles(mut self) -> Q8K {
-        self.d8 = by_group(self.d.len() * 256 / self.k, self.k / 256, |b| self.d[b]);
-        self
     }
 
     /// Also the 32-value sums as 16-bit pairs (`pairs`).

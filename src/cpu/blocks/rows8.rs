@@ -110,9 +110,9 @@ pub fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: us
     unsafe {
         if F == Format::Q8_0 as u8 {
             avx2::rows_q8::<R>(w, nb, a, r0, out, stride)
-        } else if vnni() && (F == Format::Q5_0 as u8 || F == Format::Q5_1 as u8) {
+        } else if super::vnni() && (F == Format::Q5_0 as u8 || F == Format::Q5_1 as u8) {
             avx2::rows_paired_masked::<F, R>(w, nb, a, r0, out, stride)
-        } else if vnni() {
+        } else if super::vnni() {
             avx2::rows_paired_vnni::<F, R>(w, nb, a, r0, out, stride)
         } else {
             avx2::rows_paired::<F, R>(w, nb, a, r0, out, stride)
@@ -120,13 +120,6 @@ pub fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: us
     }
 }
 
-/// Whether the 4/5-bit pairs take 256-bit `vpdpbusd` (the AVX-512 level with VNNI, as
-/// `q8_0`'s panels, VL and BW, whose byte masks set the fifth bits): the same exact integer
-/// dots as `vpmaddubsw` + `vpmaddwd`, so the same bits.
-#[cfg(target_arch = "x86_64")]
-fn vnni() -> bool {
-    crate::cpu::q8_0::available() && std::is_x86_feature_detected!("avx512vl") && std::is_x86_feature_detected!("avx512bw")
-}
 
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // `r` and `l` index several arrays at once
@@ -288,7 +281,7 @@ mod tests {
     /// three activation rows, eight blocks. (Both against candle: `every_format_matches_candle`.)
     #[test]
     fn vnni_sums_give_the_avx2_bits() -> candle_core::Result<()> {
-        if !vnni() {
+        if !super::super::vnni() {
             eprintln!("no AVX-512 VNNI at this level: nothing to compare");
             return Ok(());
         }

@@ -1,18 +1,10 @@
-//! AVX2 pieces the block kernels share (`rows8`, `q4k8`, `q6k8`, `kquants`): f16 scales, a
-//! byte mask from bits, horizontal reductions of eight vectors, the four-byte activation
-//! broadcast and the weight stream's prefetch schedule.
+//! AVX2 pieces the block kernels share (`rows8`, `q4k8`, `q6k8`): a byte mask from bits,
+//! horizontal reductions of eight vectors, the four-byte activation broadcast and the weight
+//! stream's prefetch schedule.
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
-    use super::super::act::GROUP;
     use std::arch::x86_64::*;
-
-    /// The f16 at `p` as f32.
-    #[inline]
-    #[target_feature(enable = "avx2,f16c")]
-    pub unsafe fn f16_at(p: *const u8) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<u16>().read_unaligned() as i32)))
-    }
 
     /// 0xFF in byte `i` where bit `i % 8` of byte `i` of `spread` is set.
     #[inline]
@@ -26,7 +18,7 @@ pub(super) mod avx2 {
     /// The eight i32 vectors' totals, vector `r`'s in lane `r`.
     #[inline]
     #[target_feature(enable = "avx2")]
-    pub unsafe fn reduce32(p: &[__m256i; GROUP]) -> __m256i {
+    pub unsafe fn reduce32(p: &[__m256i; 8]) -> __m256i {
         let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
         let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
         halves(q0, q1)
