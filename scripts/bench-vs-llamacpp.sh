@@ -9,6 +9,7 @@ usage() {
   cat <<'EOF'
 usage: scripts/bench-vs-llamacpp.sh [--level native|avx2] [--gguf FILE...] [-p P] [-n N]
                                     [-t THREADS] [-r REPS] [--out DIR] [--prepare-only]
+                                    [--formats "FMT..."]
 
 Runs llama-bench and `merg bench` on each GGUF file (taking turns repetition by repetition) and
 prints a table of prefill / decode tokens/s and merg ÷ llama.cpp ratios, then one of peak
@@ -22,6 +23,9 @@ resident memory (anonymous + file-backed) and time from start to the first token
                   3B text width with 8 layers at F32, BF16, Q8_0 and Q4_K_M, the
                   Qwen2.5-0.5B text shape at Q4_K_M, and Qwen3.5-27B's widths and
                   vocabulary on 2 layers at Q4_K_M
+  --formats "FMT..."  instead of that default, the 3B-text-width file in these llama-quantize
+                  types only (e.g. "q5_k_m q4_0": Q5_K_M is Q5_K with Q6_K, Q4_0 the 32-value
+                  blocks), made the same way
   -p P            prompt tokens (default 256)      -n N   decode tokens (default 32)
   -t THREADS      threads for both (default: nproc) -r R  repetitions of each (default 3)
   --out DIR       where the raw JSON goes (default target/bench-vs-llamacpp/<time>)
@@ -40,7 +44,7 @@ trap 'echo "bench-vs-llamacpp: failed (exit $?) at line $LINENO: $BASH_COMMAND" 
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${MERG_CACHE:-$HOME/.cache/merg}
-LEVEL=native P=256 N=32 THREADS=$(nproc) REPS=3 OUT="" GGUFS=() PREPARE=0
+LEVEL=native P=256 N=32 THREADS=$(nproc) REPS=3 OUT="" GGUFS=() PREPARE=0 FORMATS=
 while (($#)); do
   case $1 in
     -h|--help) usage; exit 0 ;;
@@ -53,6 +57,8 @@ while (($#)); do
     -r) REPS=${2:?}; shift 2 ;;
     --out) OUT=${2:?}; shift 2 ;;
     --prepare-only) PREPARE=1; shift ;;
+    --formats) FORMATS=${2:?--formats needs a list of llama-quantize types}; shift 2
+               [[ $FORMATS =~ ^[A-Za-z0-9_\ ]+$ ]] || die "--formats: '$FORMATS' is not a list of llama-quantize types (like \"q5_k_m q4_0\")" ;;
     *) usage >&2; die "unknown argument: $1" ;;
   esac
 done
@@ -61,7 +67,10 @@ for f in "${GGUFS[@]}"; do [[ -f $f ]] || die "no such file: $f"; done
 
 # shellcheck source=scripts/llamacpp-setup.sh
 source "$ROOT/scripts/llamacpp-setup.sh"
-if ((${#GGUFS[@]} == 0)); then
+if [[ -n $FORMATS ]]; then
+  ((${#GGUFS[@]} == 0)) || die "--formats makes its own files: give it or --gguf, not both"
+  bench_ggufs "qwen2.5-vl-3b-text-8l:${FORMATS,,}"
+elif ((${#GGUFS[@]} == 0)); then
   # config stem : formats to measure
   # The 27B-width file (2 layers, 248k vocabulary, untied) shows memory is not a constant ratio.
   bench_ggufs "qwen2.5-vl-3b-text-8l:f32 bf16 q8_0 q4_k_m" "qwen2.5-0.5b-text-shape:q4_k_m" "qwen2.5-vl-27b-width-2l:q4_k_m"
