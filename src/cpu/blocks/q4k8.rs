@@ -97,7 +97,6 @@ pub fn rows<const FIVE: bool, const R: usize>(w: *const u8, nb: usize, a: &Q8K, 
     }
 }
 
-
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 mod avx2 {
