@@ -101,7 +101,7 @@ pub fn rows<const FIVE: bool, const R: usize>(w: *const u8, nb: usize, a: &Q8K, 
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 mod avx2 {
     use super::super::act::Q8K;
-    use super::super::simd::avx2::{four, prefetch_step};
+    use super::super::simd::avx2::{four, nibbles, prefetch_step};
     use super::{block_bytes, DMIN, MN, QH, QS, SC};
     use std::arch::x86_64::*;
 
@@ -129,13 +129,6 @@ mod avx2 {
         four(a.q().as_ptr().add((r * nb + b) * 256 + at))
     }
 
-    /// Step `s` (chunk `s / 8`) of a block's nibbles: the low nibbles and the high ones.
-    #[inline(always)]
-    unsafe fn nibbles(blk: *const u8, s: usize) -> (__m256i, __m256i) {
-        let (q, m4) = (_mm256_loadu_si256(blk.add(QS + 32 * s) as *const __m256i), _mm256_set1_epi8(0x0f));
-        (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4))
-    }
-
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn rows<const FIVE: bool, const R: usize>(w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], stride: usize) {
         let bytes = block_bytes(FIVE);
@@ -151,7 +144,7 @@ mod avx2 {
                 let (mut lo, mut hi) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
                 for i in 0..8 {
                     prefetch_step(blk, 8 * c + i, bytes.div_ceil(32));
-                    let (mut ql, mut qh) = nibbles(blk, 8 * c + i);
+                    let (mut ql, mut qh) = nibbles(blk.add(QS + 32 * (8 * c + i)));
                     if FIVE {
                         let (fl, fh) = fifth(_mm256_loadu_si256(blk.add(QH + 32 * i) as *const __m256i), c);
                         (ql, qh) = (_mm256_or_si256(ql, fl), _mm256_or_si256(qh, fh));
@@ -188,11 +181,12 @@ mod avx2 {
             let blk = w.add(b * bytes);
             let mut isum = [_mm256_setzero_si256(); R];
             for c in 0..4 {
-                let (bl, bh) = (_mm256_set1_epi8(1 << (2 * c)), _mm256_set1_epi8(2 << (2 * c)));
+                // Bit 2c and bit 2c + 1 of each byte (bit 7 for c = 3: 0x80, an i8 of -128).
+                let (bl, bh) = (_mm256_set1_epi8((1u8 << (2 * c)) as i8), _mm256_set1_epi8((2u8 << (2 * c)) as i8));
                 let (mut lo, mut hi) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
                 for i in 0..8 {
                     prefetch_step(blk, 8 * c + i, bytes.div_ceil(32));
-                    let (ql, qh) = nibbles(blk, 8 * c + i);
+                    let (ql, qh) = nibbles(blk.add(QS + 32 * (8 * c + i)));
                     let bits = _mm256_loadu_si256(blk.add(QH + 32 * i) as *const __m256i);
                     let ql = _mm256_mask_add_epi8(ql, _mm256_test_epi8_mask(bits, bl), ql, sixteen);
                     let qh = _mm256_mask_add_epi8(qh, _mm256_test_epi8_mask(bits, bh), qh, sixteen);

@@ -125,7 +125,7 @@ pub fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: us
 #[allow(clippy::needless_range_loop)] // `r` and `l` index several arrays at once
 mod avx2 {
     use super::super::act::Q8;
-    use super::super::simd::avx2::{own_bits, prefetch, reduce32};
+    use super::super::simd::avx2::{nibbles, own_bits, prefetch, reduce32};
     use super::super::Format;
     use super::{parts, ROWS};
     use std::arch::x86_64::*;
@@ -137,9 +137,7 @@ mod avx2 {
     #[target_feature(enable = "avx2")]
     unsafe fn pair<const F: u8>(blk: *const u8, k: usize) -> (__m256i, __m256i) {
         let p = parts(Format::from_id(F));
-        let m4 = _mm256_set1_epi8(0x0f);
-        let q = _mm256_loadu_si256(blk.add(p.qs + 32 * k) as *const __m256i);
-        let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+        let (lo, hi) = nibbles(blk.add(p.qs + 32 * k));
         if F != Format::Q5_0 as u8 && F != Format::Q5_1 as u8 {
             return (lo, hi);
         }
@@ -155,10 +153,8 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,avx512bw,avx512vl")]
     unsafe fn pair_masked<const F: u8>(blk: *const u8, k: usize) -> (__m256i, __m256i) {
-        let p = parts(Format::from_id(F));
-        let (m4, sixteen) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
-        let q = _mm256_loadu_si256(blk.add(p.qs + 32 * k) as *const __m256i);
-        let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+        let (p, sixteen) = (parts(Format::from_id(F)), _mm256_set1_epi8(0x10));
+        let (lo, hi) = nibbles(blk.add(p.qs + 32 * k));
         let words = blk.add(p.qh + 8 * k).cast::<u32>();
         let (kl, kh) = (words.read_unaligned(), words.add(1).read_unaligned());
         (_mm256_mask_add_epi8(lo, kl, lo, sixteen), _mm256_mask_add_epi8(hi, kh, hi, sixteen))

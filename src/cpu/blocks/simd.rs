@@ -47,6 +47,14 @@ pub(super) mod avx2 {
         }
     }
 
+    /// The 32 bytes at `p` split into their low nibbles and their high ones (each 0..16 in a
+    /// byte of its own).
+    #[inline(always)]
+    pub unsafe fn nibbles(p: *const u8) -> (__m256i, __m256i) {
+        let (q, m4) = (_mm256_loadu_si256(p as *const __m256i), _mm256_set1_epi8(0x0f));
+        (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4))
+    }
+
     /// Four activation bytes at `p`, in every 32-bit lane (`q4k8`, `q6k8`: one broadcast
     /// against eight interleaved rows).
     #[inline(always)]
