@@ -97,6 +97,17 @@ pub fn rows<const FIVE: bool, const R: usize>(w: *const u8, nb: usize, a: &Q8K, 
     }
 }
 
+/// A panel's two groups (`w0`, `w1`, `nb` blocks of Q5_K each) against activation rows
+/// `r0..r0 + R` in one pass: `out[r · stride + l]` for the panel's rows `l < 16`, the same bits
+/// as `rows` on each group. Needs the AVX-512 level with VNNI, VL and BW (`vnni()`) and
+/// `a.pairs`.
+#[cfg(target_arch = "x86_64")]
+pub fn panel_q5k<const R: usize>(w0: *const u8, w1: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], stride: usize) {
+    assert!(super::vnni() && out.len() >= (R - 1) * stride + 2 * ROWS && a.q().len() >= (r0 + R) * nb * 256 && a.pairs.len() >= (r0 + R) * nb * 4, "q4k8::panel_q5k: no VNNI, or slices shorter than the shapes");
+    // SAFETY: checked above; `w0` and `w1` each hold `nb` blocks of a group.
+    unsafe { zmm::panel_q5k::<R>(w0, w1, nb, a, r0, out, stride) }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 mod avx2 {
@@ -234,6 +245,90 @@ mod avx2 {
     }
 }
 
+/// Q5_K over a panel's two groups in 512-bit vectors: group 0's 32 bytes of a step in the low
+/// half, group 1's in the high half, so each four-byte activation broadcast and each nibble
+/// split and fifth-bit mask serve sixteen rows (`rows_q5k_vnni` spends the same on eight). The
+/// per-row operations are `rows_q5k_vnni`'s lane for lane (`vpdpwssd` for its `vpmaddwd` +
+/// add of the mins), so the same bits.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
+mod zmm {
+    use super::super::act::Q8K;
+    use super::super::simd::avx2::prefetch_step;
+    use super::{block_bytes, DMIN, MN, QH, QS, SC};
+    use std::arch::x86_64::*;
+
+    /// The 32 bytes at `at` of both groups' block: `b0`'s in the low half.
+    #[inline(always)]
+    unsafe fn both(b0: *const u8, b1: *const u8, at: usize) -> __m512i {
+        let lo = _mm512_castsi256_si512(_mm256_loadu_si256(b0.add(at) as *const __m256i));
+        _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(b1.add(at) as *const __m256i))
+    }
+
+    /// The 16 bytes at `at` of both groups' block, `b0`'s first.
+    #[inline(always)]
+    unsafe fn both16(b0: *const u8, b1: *const u8, at: usize) -> __m256i {
+        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(b0.add(at) as *const __m128i)), _mm_loadu_si128(b1.add(at) as *const __m128i))
+    }
+
+    /// Sub-block `j`'s scales of the sixteen rows as i32.
+    #[inline(always)]
+    unsafe fn scales(b0: *const u8, b1: *const u8, j: usize) -> __m512i {
+        let (s0, s1) = (_mm_loadl_epi64(b0.add(SC + 8 * j) as *const __m128i), _mm_loadl_epi64(b1.add(SC + 8 * j) as *const __m128i));
+        _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(s0, s1))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn panel_q5k<const R: usize>(w0: *const u8, w1: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], stride: usize) {
+        let (bytes, sixteen, m4) = (block_bytes(true), _mm512_set1_epi8(0x10), _mm512_set1_epi8(0x0f));
+        let quads = a.quads().as_ptr();
+        let mut acc = [_mm512_setzero_ps(); R];
+        for b in 0..nb {
+            let (b0, b1) = (w0.add(b * bytes), w1.add(b * bytes));
+            // Row r's activation quadruple `at` of this block, in every lane.
+            let x = |r: usize, at: usize| _mm512_set1_epi32(*quads.add(((r0 + r) * nb + b) * 64 + at));
+            let mut isum = [_mm512_setzero_si512(); R];
+            for c in 0..4 {
+                let (bl, bh) = (_mm512_set1_epi8((1u8 << (2 * c)) as i8), _mm512_set1_epi8((2u8 << (2 * c)) as i8));
+                let (mut lo, mut hi) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+                for i in 0..8 {
+                    prefetch_step(b0, 8 * c + i, bytes.div_ceil(32));
+                    prefetch_step(b1, 8 * c + i, bytes.div_ceil(32));
+                    let q = both(b0, b1, QS + 32 * (8 * c + i));
+                    let (ql, qh) = (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
+                    let bits = both(b0, b1, QH + 32 * i);
+                    let ql = _mm512_mask_add_epi8(ql, _mm512_test_epi8_mask(bits, bl), ql, sixteen);
+                    let qh = _mm512_mask_add_epi8(qh, _mm512_test_epi8_mask(bits, bh), qh, sixteen);
+                    for r in 0..R {
+                        lo[r] = _mm512_dpbusd_epi32(lo[r], ql, x(r, 16 * c + i));
+                        hi[r] = _mm512_dpbusd_epi32(hi[r], qh, x(r, 16 * c + 8 + i));
+                    }
+                }
+                let (sl, sh) = (scales(b0, b1, 2 * c), scales(b0, b1, 2 * c + 1));
+                for r in 0..R {
+                    isum[r] = _mm512_add_epi32(isum[r], _mm512_add_epi32(_mm512_mullo_epi32(lo[r], sl), _mm512_mullo_epi32(hi[r], sh)));
+                }
+            }
+            let d = _mm512_cvtph_ps(both16(b0, b1, 0));
+            let dmin = _mm512_cvtph_ps(both16(b0, b1, DMIN));
+            for r in 0..R {
+                // Σ_j m_j · Σx_j: the mins as pairs of sub-blocks against the pairs' sums.
+                let mut msum = _mm512_setzero_si512();
+                for p in 0..4 {
+                    let mins = _mm512_cvtepu8_epi16(both16(b0, b1, MN + 16 * p));
+                    msum = _mm512_dpwssd_epi32(msum, mins, _mm512_set1_epi32(*a.pairs.as_ptr().add(((r0 + r) * nb + b) * 4 + p)));
+                }
+                let dx = _mm512_set1_ps(*a.d.as_ptr().add((r0 + r) * nb + b));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, dx), acc[r]);
+                acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, dx), acc[r]);
+            }
+        }
+        for r in 0..R {
+            _mm512_storeu_ps(out.as_mut_ptr().add(r * stride), acc[r]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{available, Format, PackedBlocks};
@@ -262,6 +357,41 @@ mod tests {
         }
         assert_eq!(got, want);
         assert!(want.iter().any(|v| *v != 0.0), "a product of zeros proves nothing");
+        Ok(())
+    }
+
+    /// The panel pass over two groups gives each group's `rows` bits: fifteen rows (the
+    /// sixteenth zero), every remainder of activation rows, two blocks.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q5k_panel_gives_each_groups_bits() -> candle_core::Result<()> {
+        if !super::super::vnni() {
+            eprintln!("no AVX-512 VNNI at this level: nothing to compare");
+            return Ok(());
+        }
+        let (m, k, n) = (4, 512, 15);
+        let (x, blocks, _) = crate::cpu::testing::quantized_case(candle_core::quantized::GgmlDType::Q5K, m, k, n)?;
+        let mut w = vec![0u8; bytes(true, 2 * ROWS, k)];
+        let (g0, g1) = w.split_at_mut(bytes(true, ROWS, k));
+        pack_group(true, &blocks, n, k / 256, 0, g0);
+        pack_group(true, &blocks, n, k / 256, 1, g1);
+        let a = Q8K::quantize(&x, m, k).pairs();
+        let stride = 2 * ROWS;
+        let mut want = [0f32; 4 * 2 * ROWS];
+        rows::<true, 4>(w.as_ptr(), k / 256, &a, 0, &mut want, stride);
+        rows::<true, 4>(w[bytes(true, ROWS, k)..].as_ptr(), k / 256, &a, 0, &mut want[ROWS..], stride);
+        for r0 in 0..m {
+            let mut got = [0f32; 4 * 2 * ROWS];
+            let out = &mut got[r0 * stride..];
+            match m - r0 {
+                1 => panel_q5k::<1>(w.as_ptr(), w[bytes(true, ROWS, k)..].as_ptr(), k / 256, &a, r0, out, stride),
+                2 => panel_q5k::<2>(w.as_ptr(), w[bytes(true, ROWS, k)..].as_ptr(), k / 256, &a, r0, out, stride),
+                3 => panel_q5k::<3>(w.as_ptr(), w[bytes(true, ROWS, k)..].as_ptr(), k / 256, &a, r0, out, stride),
+                _ => panel_q5k::<4>(w.as_ptr(), w[bytes(true, ROWS, k)..].as_ptr(), k / 256, &a, r0, out, stride),
+            }
+            assert_eq!(got[r0 * stride..], want[r0 * stride..], "from activation row {r0}");
+        }
+        assert!(want[ROWS..2 * ROWS - 1].iter().all(|v| *v != 0.0), "the second group's rows must count");
         Ok(())
     }
 
