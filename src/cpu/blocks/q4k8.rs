@@ -361,7 +361,7 @@ mod tests {
     }
 
     /// The panel pass over two groups gives each group's `rows` bits: fifteen rows (the
-    /// sixteenth zero), every remainder of activation rows, two blocks.
+    /// sixteenth zero), every count of activation rows a pass takes, two blocks.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn q5k_panel_gives_each_groups_bits() -> candle_core::Result<()> {
@@ -369,25 +369,31 @@ mod tests {
             eprintln!("no AVX-512 VNNI at this level: nothing to compare");
             return Ok(());
         }
-        let (m, k, n) = (4, 512, 15);
+        let (m, k, n) = (8, 512, 15);
         let (x, blocks, _) = crate::cpu::testing::quantized_case(candle_core::quantized::GgmlDType::Q5K, m, k, n)?;
-        let mut w = vec![0u8; bytes(true, 2 * ROWS, k)];
-        let (g0, g1) = w.split_at_mut(bytes(true, ROWS, k));
-        pack_group(true, &blocks, n, k / 256, 0, g0);
-        pack_group(true, &blocks, n, k / 256, 1, g1);
+        let gb = bytes(true, ROWS, k);
+        let mut w = vec![0u8; 2 * gb];
+        for g in 0..2 {
+            pack_group(true, &blocks, n, k / 256, g, &mut w[g * gb..]);
+        }
+        let (w0, w1) = (w.as_ptr(), w[gb..].as_ptr());
         let a = Q8K::quantize(&x, m, k).pairs();
         let stride = 2 * ROWS;
-        let mut want = [0f32; 4 * 2 * ROWS];
-        rows::<true, 4>(w.as_ptr(), k / 256, &a, 0, &mut want, stride);
-        rows::<true, 4>(w[bytes(true, ROWS, k)..].as_ptr(), k / 256, &a, 0, &mut want[ROWS..], stride);
+        let mut want = [0f32; 8 * 2 * ROWS];
+        for r in (0..m).step_by(4) {
+            rows::<true, 4>(w0, k / 256, &a, r, &mut want[r * stride..], stride);
+            rows::<true, 4>(w1, k / 256, &a, r, &mut want[r * stride + ROWS..], stride);
+        }
         for r0 in 0..m {
-            let mut got = [0f32; 4 * 2 * ROWS];
+            let mut got = [0f32; 8 * 2 * ROWS];
             let out = &mut got[r0 * stride..];
             match m - r0 {
-                1 => panel_q5k::<1>(w.as_ptr(), w[bytes(true, ROWS, k)..].as_ptr(), k / 256, &a, r0, out, stride),
-                2 => panel_q5k::<2>(w.as_ptr(), w[bytes(true, ROWS, k)..].as_ptr(), k / 256, &a, r0, out, stride),
-                3 => panel_q5k::<3>(w.as_ptr(), w[bytes(true, ROWS, k)..].as_ptr(), k / 256, &a, r0, out, stride),
-                _ => panel_q5k::<4>(w.as_ptr(), w[bytes(true, ROWS, k)..].as_ptr(), k / 256, &a, r0, out, stride),
+                1 => panel_q5k::<1>(w0, w1, k / 256, &a, r0, out, stride),
+                2 => panel_q5k::<2>(w0, w1, k / 256, &a, r0, out, stride),
+                3 => panel_q5k::<3>(w0, w1, k / 256, &a, r0, out, stride),
+                4 => panel_q5k::<4>(w0, w1, k / 256, &a, r0, out, stride),
+                8 => panel_q5k::<8>(w0, w1, k / 256, &a, r0, out, stride),
+                _ => continue,
             }
             assert_eq!(got[r0 * stride..], want[r0 * stride..], "from activation row {r0}");
         }
