@@ -2,7 +2,7 @@
 //! of high bit pairs `qh`, sixteen signed 8-bit sub-block scales and an f16 `d`; a value is
 //! `d · sc_j · (q − 32)` with `q` in 0..64) repacked once at load for AVX-512 VNNI, and their
 //! product with any number of activation rows. The activations are Q8_K
-//! (`blocks::act::Q8K`), so a block pair is `d_x · d · Σ_j sc_j · (dot_j − 32 · Σx_j)` over the
+//! (`blocks::act::Q8K`), so a block pair is `d_x · d · (Σ_j sc_j · dot_j − 32 · Σ_j sc_j · Σx_j)` over the
 //! sixteen 16-value sub-blocks, with exact integer dots — the sum candle and llama.cpp compute,
 //! in another order.
 //! Q4_K_M files hold a fifth of their layer weights (`attn_v`, half the `ffn_down`s) and the
@@ -169,16 +169,32 @@ mod vnni {
                         let j = 8 * h + 2 * kk + tg;
                         let s = _mm512_cvtepi8_epi32(_mm_loadu_si128(sc.add(j * PANEL) as *const __m128i));
                         for r in 0..M {
-                            let off = _mm512_set1_epi32(32 * *a.bsums.as_ptr().add(((g + r) * nb + b) * 16 + j) as i32);
-                            isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_sub_epi32(d[r], off), s));
+                            isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(d[r], s));
                         }
                     }
                 }
             }
+            // The values' offset of 32: 32 · Σ_j sc_j · Σx_j, the scales as 16-bit pairs
+            // (sc_2i, sc_2i+1) against the activations' 16-value sums read as the same pairs:
+            // eight `vpdpwssd` a row where a broadcast, subtract, `vpmulld` and add per
+            // sub-block were sixteen of each.
+            let sc = l.add(1) as *const i8;
+            let mut pairs = [_mm512_setzero_si512(); 8];
+            for (i, p) in pairs.iter_mut().enumerate() {
+                let lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(sc.add(2 * i * PANEL) as *const __m128i));
+                let hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(sc.add((2 * i + 1) * PANEL) as *const __m128i));
+                *p = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32::<16>(hi));
+            }
             let d = _mm512_cvtph_ps(_mm256_load_si256(l as *const __m256i));
             for r in 0..M {
+                let sums = a.bsums.as_ptr().add(((g + r) * nb + b) * 16) as *const i32;
+                let mut off = _mm512_setzero_si512();
+                for (i, p) in pairs.iter().enumerate() {
+                    off = _mm512_dpwssd_epi32(off, *p, _mm512_set1_epi32(sums.add(i).read_unaligned()));
+                }
+                let isum = _mm512_sub_epi32(isum[r], _mm512_slli_epi32::<5>(off));
                 let dx = _mm512_set1_ps(*a.d.as_ptr().add((g + r) * nb + b));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, dx), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, dx), acc[r]);
             }
         }
         for (r, v) in acc.iter().enumerate() {
@@ -202,6 +218,26 @@ mod tests {
             return Ok(());
         }
         packed_matches_candle(GgmlDType::Q6K, &[(1, 256, 37), (1, 1024, 130), (2, 512, 16), (3, 256, 20), (5, 256, 20), (11, 768, 9), (40, 512, 33)], PackedQ6K::pack, PackedQ6K::bytes, |n, k| n.div_ceil(16) * k / 256 * 53 * 64, PackedQ6K::matmul)
+    }
+
+    /// A row's numbers do not depend on the activation rows beside it, bit for bit, through
+    /// every pass size (eight, four, three, two, one): decode and prefill agree.
+    #[test]
+    fn rows_are_batch_invariant() -> candle_core::Result<()> {
+        if !available() {
+            return Ok(());
+        }
+        let (k, n) = (512, 40);
+        let (x, blocks, _) = crate::cpu::testing::quantized_case(GgmlDType::Q6K, 15, k, n)?;
+        let w = PackedQ6K::pack(&blocks, n, k).expect("whole blocks");
+        let mut all = vec![0f32; 15 * n];
+        w.matmul(&x, 15, &mut all);
+        for m in [1, 2, 3, 5, 7, 8, 9] {
+            let mut some = vec![0f32; m * n];
+            w.matmul(&x, m, &mut some);
+            assert_eq!(some, all[..m * n], "{m} rows");
+        }
+        Ok(())
     }
 
     /// Rows that are not whole blocks, or too few bytes, are refused rather than misread.
