@@ -285,31 +285,10 @@ fn grouped_product(format: Format, n: usize, k: usize, x: &[f32], m: usize, out:
         let a = if wide { a.pairs() } else { a };
         // Q5_K at the AVX-512 level: a whole panel's two groups a pass (`q4k8::panel_q5k`).
         let panel_pass = |w0: *const u8, w1: *const u8, r0: usize, o: &mut [f32], rows: usize| {
-            // Eight rows at once where a pass has them (1.1× four on a Zen 5 VM; twelve, with
-            // more rows a pass, measured 0.92× eight), then four, then the rest.
-            let mut r = 0;
-            while r < rows {
-                #[cfg(target_arch = "x86_64")]
-                let (r0, o) = (r0 + r, &mut o[r * PANEL..]);
-                #[cfg(target_arch = "x86_64")]
-                macro_rules! go {
-                    ($rows:literal) => {{
-                        q4k8::panel_q5k::<$rows>(w0, w1, nb, &a, r0, o, PANEL);
-                        $rows
-                    }};
-                }
-                #[cfg(target_arch = "x86_64")]
-                let done = match rows - r {
-                    8.. => go!(8),
-                    4.. => go!(4),
-                    3 => go!(3),
-                    2 => go!(2),
-                    _ => go!(1),
-                };
-                #[cfg(not(target_arch = "x86_64"))]
-                let done = { let _ = (w0, w1, r0, &o); rows };
-                r += done;
-            }
+            #[cfg(target_arch = "x86_64")]
+            q4k8::panel_q5k(w0, w1, nb, &a, r0, o, PANEL, rows);
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (w0, w1, r0, o, rows);
         };
         let wide: Option<PanelPass> = if wide { Some(&panel_pass) } else { None };
         return groups(format, n, k, m, out, panel, wide, |w, r0, o, rows| {
