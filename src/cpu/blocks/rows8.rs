@@ -17,13 +17,12 @@
 //! 8): one 256-bit load and two masks give both rows' low sixteen values and their high
 //! sixteen, each row in a lane, dotted against the activations' halves broadcast to both lanes,
 //! and the lanes' sums land in row order after three horizontal adds (a third of the work of
-//! widening each row's nibbles to a vector of its own). A pair's fifth bits are regrouped the
-//! same way, into one 32-bit word per vector: the bits of the low sixteen values of rows `l`
-//! and `l + 4`, then those of the high sixteen. At the AVX-512 level that word is a byte mask
-//! loaded straight into a mask register (one masked add per vector sets the fifth bits; the
-//! shuffle-and-compare spread of the AVX2 path was most of the Q5_0 kernel's work, which kept
-//! it at ~45 GB/s on two Zen 4 cores with the weight in cache). Rows past the weight's last are
-//! zeros.
+//! widening each row's nibbles to a vector of its own). A pair's fifth bits are regrouped into
+//! one 64-bit word in the order this level reads them (`Fifth`): at the AVX-512 level two byte
+//! masks loaded straight into mask registers (one masked add per vector sets the fifth bits),
+//! at AVX2 an order in which two variable shifts put every byte's bit in place (a byte shuffle
+//! and compare per vector took twice the instructions: the most of the Q5_0 kernel's work).
+//! Rows past the weight's last are zeros.
 
 use super::act::Q8;
 use super::Format;
@@ -73,9 +72,63 @@ fn pair_at(r: usize, bytes: usize) -> usize {
     2 * bytes * (r % 4) + bytes * (r / 4)
 }
 
+/// How a group holds a pair's fifth bits (Q5_0, Q5_1): the same 64 bits in either order.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Fifth {
+    /// Two 32-bit byte masks, bit `i` of a word under byte `i` of its vector (the AVX-512
+    /// level loads each into a mask register).
+    Masks,
+    /// For AVX2's 64-bit variable shifts: byte `i = 8j + b` of the low vector's bit at
+    /// `8b + j`, of the high vector's at `8b + 4 + j`, so shifting the word left by `4 - j`
+    /// in lane `j` (right by `j` for the high vector) puts every byte's own bit at its bit 4.
+    Shifts,
+}
+
+/// Where this level's kernels read the fifth bits (`Fifth`).
+pub fn fifth_order() -> Fifth {
+    #[cfg(target_arch = "x86_64")]
+    if super::vnni() {
+        return Fifth::Masks;
+    }
+    Fifth::Shifts
+}
+
+/// Row `l + 4h`'s share of its pair's fifth-bit word in `order`, from the row's 32 bits as
+/// the file holds them (bit `v` for value `v`; value `v` is byte `16h + v % 16` of the pair's
+/// low vector when `v < 16`, of its high one otherwise).
+fn fifth_word(order: Fifth, file: u32, h: usize) -> u64 {
+    let file = u64::from(file);
+    match order {
+        Fifth::Masks => (file & 0xffff) << (16 * h) | (file >> 16) << (32 + 16 * h),
+        // Value v = 8q + c (byte 8 · (2h + q % 2) + c of its vector) at bit 8c + 2h + q % 2,
+        // plus 4 in the high vector: the file's bytes transposed into the word's.
+        Fifth::Shifts => (0..4).fold(0, |w, q| w | SPREAD[(file >> (8 * q)) as u8 as usize] << (2 * h + q % 2 + 4 * (q / 2))),
+    }
+}
+
+/// Bit `c` of a byte moved to bit `8c`.
+const SPREAD: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut x = 0;
+    while x < 256 {
+        let mut c = 0;
+        while c < 8 {
+            t[x] |= ((x as u64 >> c) & 1) << (8 * c);
+            c += 1;
+        }
+        x += 1;
+    }
+    t
+};
+
 /// Group `g` of the file's rows (`nb` blocks each; rows `>= n` left as the zeros `out` holds)
-/// written into `out` (`group_bytes`).
+/// written into `out` (`group_bytes`), with the fifth bits as this level reads them.
 pub fn pack_group(f: Format, blocks: &[u8], n: usize, nb: usize, g: usize, out: &mut [u8]) {
+    pack_group_as(f, fifth_order(), blocks, n, nb, g, out)
+}
+
+/// `pack_group` with the fifth bits in `order`.
+fn pack_group_as(f: Format, order: Fifth, blocks: &[u8], n: usize, nb: usize, g: usize, out: &mut [u8]) {
     let (fb, p, (fm, fqh, fqs)) = (f.bytes(), parts(f), file_parts(f));
     let row_bytes = nb * fb;
     for r in 0..ROWS.min(n - g * ROWS) {
@@ -89,11 +142,11 @@ pub fn pack_group(f: Format, blocks: &[u8], n: usize, nb: usize, g: usize, out: 
             // Rows l and l + 4 side by side but for Q8_0 (`pair_at`).
             let at = if f == Format::Q8_0 { 32 * r } else { pair_at(r, 16) };
             if let Some(src_at) = fqh {
-                // Row r's bits of values 0..16 (file bytes 0-1) in its pair's first word, those
-                // of 16..32 (bytes 2-3) in the second; row l's half of a word before row l + 4's.
-                let (word, half) = (p.qh + 8 * (r % 4), 2 * (r / 4));
-                dst[word + half..][..2].copy_from_slice(&src[src_at..src_at + 2]);
-                dst[word + 4 + half..][..2].copy_from_slice(&src[src_at + 2..src_at + 4]);
+                // Rows l and l + 4 share a word: row l's share first.
+                let word = &mut dst[p.qh + 8 * (r % 4)..][..8];
+                let held = if r < 4 { 0 } else { u64::from_le_bytes(word.try_into().unwrap()) };
+                let file = u32::from_le_bytes(src[src_at..src_at + 4].try_into().unwrap());
+                word.copy_from_slice(&(held | fifth_word(order, file, r / 4)).to_le_bytes());
             }
             dst[p.qs + at..][..p.q_bytes].copy_from_slice(&src[fqs..fqs + p.q_bytes]);
         }
@@ -125,7 +178,7 @@ pub fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: us
 #[allow(clippy::needless_range_loop)] // `r` and `l` index several arrays at once
 mod avx2 {
     use super::super::act::Q8;
-    use super::super::simd::avx2::{nibbles, own_bits, prefetch, reduce32};
+    use super::super::simd::avx2::{nibbles, prefetch, reduce32};
     use super::super::Format;
     use super::{parts, ROWS};
     use std::arch::x86_64::*;
@@ -141,12 +194,16 @@ mod avx2 {
         if F != Format::Q5_0 as u8 && F != Format::Q5_1 as u8 {
             return (lo, hi);
         }
-        // The pair's two fifth-bit words: byte j of a word holds the bits of its vector's
-        // bytes 8j..8j + 8.
-        let words = _mm256_set1_epi64x(blk.add(p.qh + 8 * k).cast::<i64>().read_unaligned());
-        let low = _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303);
-        let high = _mm256_setr_epi64x(0x0404_0404_0404_0404, 0x0505_0505_0505_0505, 0x0606_0606_0606_0606, 0x0707_0707_0707_0707);
-        (_mm256_or_si256(lo, fifth(_mm256_shuffle_epi8(words, low))), _mm256_or_si256(hi, fifth(_mm256_shuffle_epi8(words, high))))
+        // The pair's word in `Fifth::Shifts` order in every 64-bit lane: lane j shifted left
+        // by 4 - j (the low vector) or right by j (the high one) has each byte's own bit at
+        // its bit 4, where 16 is added. Two shifts and two ANDs for 64 values: the byte
+        // shuffle and compare spread this replaced took twice that, the most of the kernel's
+        // work, which held Q5_0 at ~81 % of a 70 GB/s triad on a Zen 5 VM.
+        let word = _mm256_set1_epi64x(blk.add(p.qh + 8 * k).cast::<i64>().read_unaligned());
+        let sixteen = _mm256_set1_epi8(0x10);
+        let low = _mm256_and_si256(_mm256_sllv_epi64(word, _mm256_setr_epi64x(4, 3, 2, 1)), sixteen);
+        let high = _mm256_and_si256(_mm256_srlv_epi64(word, _mm256_setr_epi64x(0, 1, 2, 3)), sixteen);
+        (_mm256_or_si256(lo, low), _mm256_or_si256(hi, high))
     }
 
     /// `pair` for Q5_0 and Q5_1 with each fifth-bit word as a byte mask: 16 added where set.
@@ -158,13 +215,6 @@ mod avx2 {
         let words = blk.add(p.qh + 8 * k).cast::<u32>();
         let (kl, kh) = (words.read_unaligned(), words.add(1).read_unaligned());
         (_mm256_mask_add_epi8(lo, kl, lo, sixteen), _mm256_mask_add_epi8(hi, kh, hi, sixteen))
-    }
-
-    /// 0x10 in byte `i` where bit `i % 8` of byte `i` of `spread` is set.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn fifth(spread: __m256i) -> __m256i {
-        _mm256_and_si256(own_bits(spread), _mm256_set1_epi8(0x10))
     }
 
     /// The 4/5-bit formats' eight row sums of one block against one activation row, rows
@@ -272,7 +322,7 @@ mod tests {
     use candle_core::quantized::GgmlDType;
 
     /// `vpdpbusd`'s block sums give the bits of `vpmaddubsw` + `vpmaddwd`'s (both exact), and
-    /// the fifth bits set by byte masks those of the AVX2 spread, so a file gives the same
+    /// the fifth bits set by byte masks those of the AVX2 shifts, so a file gives the same
     /// numbers at either level: every 4/5-bit format, a group of seven rows (the eighth zero),
     /// three activation rows, eight blocks. (Both against candle: `every_format_matches_candle`.)
     #[test]
@@ -284,8 +334,9 @@ mod tests {
         fn check<const F: u8>(dtype: GgmlDType) -> candle_core::Result<()> {
             let (f, m, k, n) = (Format::from_id(F), 3, 256, 7);
             let (x, blocks, _) = crate::cpu::testing::quantized_case(dtype, m, k, n)?;
-            let mut group = vec![0u8; group_bytes(f, k)];
-            pack_group(f, &blocks, n, k / 32, 0, &mut group);
+            let (mut group, mut masks) = (vec![0u8; group_bytes(f, k)], vec![0u8; group_bytes(f, k)]);
+            pack_group_as(f, Fifth::Shifts, &blocks, n, k / 32, 0, &mut group);
+            pack_group_as(f, Fifth::Masks, &blocks, n, k / 32, 0, &mut masks);
             let a = Q8::quantize(&x, m, k);
             let (mut want, mut got) = ([0f32; 3 * ROWS], [0f32; 3 * ROWS]);
             // SAFETY: `vnni()` checked avx512vnni, avx512vl and avx512bw at the AVX-512 level
@@ -298,7 +349,7 @@ mod tests {
             assert_eq!(got, want, "{f:?}");
             if matches!(f, Format::Q5_0 | Format::Q5_1) {
                 // SAFETY: as above.
-                unsafe { avx2::rows_paired_masked::<F, 3>(group.as_ptr(), k / 32, &a, 0, &mut got, ROWS) };
+                unsafe { avx2::rows_paired_masked::<F, 3>(masks.as_ptr(), k / 32, &a, 0, &mut got, ROWS) };
                 assert_eq!(got, want, "{f:?} with byte masks");
             }
             assert!(want.iter().any(|v| *v != 0.0), "{f:?}: a product of zeros proves nothing");

@@ -1,19 +1,9 @@
-//! AVX2 pieces the block kernels share (`rows8`, `q4k8`, `q6k8`): a byte mask from bits,
-//! horizontal reductions of eight vectors, the four-byte activation broadcast and the weight
+//! AVX2 pieces the block kernels share (`rows8`, `q4k8`, `q6k8`): horizontal reductions of eight vectors, the four-byte activation broadcast and the weight
 //! stream's prefetch schedule.
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
     use std::arch::x86_64::*;
-
-    /// 0xFF in byte `i` where bit `i % 8` of byte `i` of `spread` is set.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn own_bits(spread: __m256i) -> __m256i {
-        // Every bit but byte i's own set: the OR is all ones exactly when that bit is.
-        let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
-        _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1))
-    }
 
     /// The eight i32 vectors' totals, vector `r`'s in lane `r`.
     #[inline]
