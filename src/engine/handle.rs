@@ -52,7 +52,10 @@ impl EngineThread {
         let (tx, rx) = channel::<Msg>();
         let preparer = engine.preparer().clone();
         let spec = Arc::new(engine.model().spec().clone());
-        let join = std::thread::spawn(move || serve(&mut engine, rx));
+        let join = std::thread::spawn(move || {
+            crate::cpu::adopt_thread();
+            serve(&mut engine, rx)
+        });
         let handle = EngineHandle { tx, preparer, spec, next_id: Arc::new(AtomicU64::new(0)) };
         EngineThread { handle, join: Some(join) }
     }
