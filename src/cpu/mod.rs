@@ -41,7 +41,8 @@ pub fn on_pool<R: Send>(device: &candle_core::Device, f: impl FnOnce() -> R + Se
 /// it was done: the worker that finished a step spun on `sched_yield` and the pool's other
 /// worker, woken by the hand-off, did too, so on two cores three threads took turns with the
 /// team's helper. On a 2-core Zen 5 VM at the AVX2 level, decode of the 0.5B shape's Q4_K_M
-/// file went from 105-116 to 130-132 tokens/s (`sched_switch`es from ~40 to ~7 a token).
+/// file went from 102-116 to 112-132 tokens/s as the host's bandwidth moved (`sched_switch`es
+/// from ~40 to ~7 a token).
 /// The pool is never dropped (rayon leaks a pool that adopted its caller anyway).
 pub fn adopt_thread() {
     if rayon::current_thread_index().is_some() {

@@ -74,7 +74,7 @@ fn pair_at(r: usize, bytes: usize) -> usize {
 
 /// How a group holds a pair's fifth bits (Q5_0, Q5_1): the same 64 bits in either order.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Fifth {
+enum Fifth {
     /// Two 32-bit byte masks, bit `i` of a word under byte `i` of its vector (the AVX-512
     /// level loads each into a mask register).
     Masks,
@@ -85,7 +85,7 @@ pub enum Fifth {
 }
 
 /// Where this level's kernels read the fifth bits (`Fifth`).
-pub fn fifth_order() -> Fifth {
+fn fifth_order() -> Fifth {
     #[cfg(target_arch = "x86_64")]
     if super::vnni() {
         return Fifth::Masks;

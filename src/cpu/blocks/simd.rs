@@ -1,5 +1,5 @@
-//! AVX2 pieces the block kernels share (`rows8`, `q4k8`, `q6k8`): horizontal reductions of eight vectors, the four-byte activation broadcast and the weight
-//! stream's prefetch schedule.
+//! AVX2 pieces the block kernels share (`rows8`, `q4k8`, `q6k8`): horizontal reductions of
+//! eight vectors, the four-byte activation broadcast and the weight stream's prefetch schedule.
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
