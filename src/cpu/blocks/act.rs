@@ -7,8 +7,8 @@ use half::f16;
 use rayon::prelude::*;
 
 /// Rows quantized per 32 values: `q` int8, `d` the scale (rounded through f16 as the block
-/// stores it), `s = d · Σq` (what the offset and min formats need) exact in `s[2b]` and
-/// rounded through f16 in `s[2b + 1]`, as ggml's `block_q8_1` stores it for the min formats.
+/// stores it), and what the offset and min formats need: `Σq` in `s[2b]` (an integer, exact
+/// in f32) and `d · Σq` rounded through f16 in `s[2b + 1]`, as ggml's `block_q8_1` stores it.
 pub struct Q8 {
     pub k: usize,
     pub q: Vec<i8>,
@@ -50,8 +50,8 @@ impl Q8 {
         blocks(m > 1, &x[..m * k], 32, &mut q, &mut d, &mut s, 2, |x, q, d, s| {
             let (scale, sum) = q8_block(x, q);
             *d = f16::from_f32(scale).to_f32();
-            s[0] = *d * sum as f32;
-            s[1] = f16::from_f32(s[0]).to_f32();
+            s[0] = sum as f32;
+            s[1] = f16::from_f32(*d * sum as f32).to_f32();
         });
         Q8 { k, q, d, s }
     }
