@@ -316,7 +316,20 @@ fn grouped_product(format: Format, n: usize, k: usize, x: &[f32], m: usize, out:
         });
     }
     let a = Q8::quantize(x, m, k);
-    groups(format, n, k, m, out, panel, None, |w, r0, o, rows| rows8_pass(format, w, nb, &a, r0, o, rows));
+    // The 4/5-bit formats at the AVX-512 level: a whole panel's two groups a pass past one
+    // four-row pass (`rows8::panel`), as Q5_K above.
+    #[cfg(target_arch = "x86_64")]
+    let wide = vnni() && format != Format::Q8_0 && m > 4;
+    #[cfg(not(target_arch = "x86_64"))]
+    let wide = false;
+    let panel_pass = |w0: *const u8, w1: *const u8, r0: usize, o: &mut [f32], rows: usize| {
+        #[cfg(target_arch = "x86_64")]
+        rows8::panel(format, w0, w1, nb, &a, r0, o, PANEL, rows);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (w0, w1, r0, o, rows);
+    };
+    let wide: Option<PanelPass> = if wide { Some(&panel_pass) } else { None };
+    groups(format, n, k, m, out, panel, wide, |w, r0, o, rows| rows8_pass(format, w, nb, &a, r0, o, rows));
 }
 
 /// A pass over both groups of a panel: `(group 0, group 1, first_row, out, rows)`, for all

@@ -269,21 +269,9 @@ mod avx2 {
 mod zmm {
     use super::super::act::Q8K;
     use super::super::simd::avx2::prefetch_step;
+    use super::super::simd::avx512::{both, both16};
     use super::{block_bytes, DMIN, MN, QH, QS, SC};
     use std::arch::x86_64::*;
-
-    /// The 32 bytes at `at` of both groups' block: `b0`'s in the low half.
-    #[inline(always)]
-    unsafe fn both(b0: *const u8, b1: *const u8, at: usize) -> __m512i {
-        let lo = _mm512_castsi256_si512(_mm256_loadu_si256(b0.add(at) as *const __m256i));
-        _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(b1.add(at) as *const __m256i))
-    }
-
-    /// The 16 bytes at `at` of both groups' block, `b0`'s first.
-    #[inline(always)]
-    unsafe fn both16(b0: *const u8, b1: *const u8, at: usize) -> __m256i {
-        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(b0.add(at) as *const __m128i)), _mm_loadu_si128(b1.add(at) as *const __m128i))
-    }
 
     /// Sub-block `j`'s scales of the sixteen rows as i32.
     #[inline(always)]

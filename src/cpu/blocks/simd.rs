@@ -1,5 +1,6 @@
 //! AVX2 pieces the block kernels share (`rows8`, `q4k8`, `q6k8`): horizontal reductions of
-//! eight vectors, the four-byte activation broadcast and the weight stream's prefetch schedule.
+//! eight vectors, the four-byte activation broadcast and the weight stream's prefetch schedule;
+//! and the loads of the 512-bit passes over a panel's two groups (`rows8`, `q4k8`).
 
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
@@ -65,5 +66,23 @@ pub(super) mod avx2 {
         if step > 64 {
             _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64) as *const i8);
         }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// The 32 bytes at `at` of both groups' block: `b0`'s in the low half.
+    #[inline(always)]
+    pub unsafe fn both(b0: *const u8, b1: *const u8, at: usize) -> __m512i {
+        let lo = _mm512_castsi256_si512(_mm256_loadu_si256(b0.add(at) as *const __m256i));
+        _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(b1.add(at) as *const __m256i))
+    }
+
+    /// The 16 bytes at `at` of both groups' block, `b0`'s first.
+    #[inline(always)]
+    pub unsafe fn both16(b0: *const u8, b1: *const u8, at: usize) -> __m256i {
+        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(b0.add(at) as *const __m128i)), _mm_loadu_si128(b1.add(at) as *const __m128i))
     }
 }
