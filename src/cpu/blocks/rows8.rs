@@ -92,14 +92,32 @@ pub fn pack_group(f: Format, blocks: &[u8], n: usize, nb: usize, g: usize, out: 
             }
             if let Some(at) = fqh {
                 let file = u32::from_le_bytes(src[at..at + 4].try_into().unwrap());
-                for (s, j) in (0..8).flat_map(|s| (0..4).map(move |j| (s, j))) {
-                    // Vector s = 2i + h holds value 4i + j (h = 0) or 16 + 4i + j of row r in
-                    // byte 4r + j, whose fifth bit is bit s of fifth-bit byte 4r + j.
-                    dst[p.qh + 4 * r + j] |= ((file >> (4 * (s / 2) + j + 16 * (s % 2))) as u8 & 1) << s;
+                for j in 0..4 {
+                    dst[p.qh + 4 * r + j] = fifth_byte(file, j);
                 }
             }
         }
     }
+}
+
+/// Fifth-bit byte `4r + j` of a group's block from row `r`'s 32 bits as the file holds them
+/// (bit `v` for value `v`): vector `s = 2i + h` holds value `4i + j + 16h` of the row in byte
+/// `4r + j`, so bit `s` is file bit `4i + j + 16h` — the file's bits `j, j + 4, .., j + 12`
+/// to the even bits, `j + 16, .., j + 28` to the odd ones (bit twiddling: packing runs at
+/// load, over every block of the file).
+fn fifth_byte(file: u32, j: usize) -> u8 {
+    // Bits j + 4i (i < 4) of `w` as bits 0..4.
+    let gather = |w: u32| {
+        let x = (w >> j) & 0x1111;
+        let x = (x | x >> 3) & 0x0303;
+        (x | x >> 6) & 0x000f
+    };
+    // Bit i to bit 2i.
+    let spread = |x: u32| {
+        let y = (x | x << 2) & 0x33;
+        (y | y << 1) & 0x55
+    };
+    (spread(gather(file)) | spread(gather(file >> 16)) << 1) as u8
 }
 
 /// Group `g` (at `w`, `nb` blocks) against activation rows `r0..r0 + R`: `out[r · stride + l]`
@@ -403,6 +421,19 @@ mod zmm {
 mod tests {
     use super::*;
     use candle_core::quantized::GgmlDType;
+
+    /// `fifth_byte` against its definition (bit `s` of byte `j` is file bit
+    /// `4(s / 2) + j + 16(s % 2)`), on every single bit and a few mixed words.
+    #[test]
+    fn fifth_bytes_hold_each_vector_its_bit() {
+        let words = (0..32).map(|b| 1u32 << b).chain([0, u32::MAX, 0x8421_1248, 0xdead_beef, 0x0f0f_3c3c]);
+        for file in words {
+            for j in 0..4 {
+                let want = (0..8).fold(0u8, |w, s| w | ((file >> (4 * (s / 2) + j + 16 * (s % 2))) as u8 & 1) << s);
+                assert_eq!(fifth_byte(file, j), want, "{file:#x}, byte {j}");
+            }
+        }
+    }
 
     /// `vpdpbusd`'s block sums give the bits of `vpmaddubsw` + `vpmaddwd`'s (both exact), and
     /// the fifth bits set by `vpternlogd` those of the AVX2 AND and OR, so a file gives the same
