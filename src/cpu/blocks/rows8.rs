@@ -19,10 +19,11 @@
 //! activation bytes serves all eight rows, whose sums land in their own lanes with no
 //! horizontal adds. (Rows paired in 128-bit lanes took three horizontal adds a block per
 //! activation row; on two Zen 5 cores this layout decodes a weight in cache at 1.16× (Q4_0)
-//! and 1.30× (Q5_0) that rate at the AVX-512 level, 1.08× and 1.11× at AVX2.) The fifth bits of the block's 8 × 32 values fill 32 bytes,
-//! bit `s` of byte `4r + j` under byte `4r + j` of vector `s` (step `s / 2`'s low vector for
-//! even `s`, high for odd), so one load and a 16-bit shift per vector put every byte's bit at
-//! bit 4, where an AND and an OR (one `vpternlogd` at the AVX-512 level) add 16. Past four
+//! and 1.30× (Q5_0) that rate at the AVX-512 level, 1.08× and 1.11× at AVX2.) The fifth bits
+//! of the block's 8 × 32 values fill 32 bytes, bit `s` of byte `4r + j` under byte `4r + j`
+//! of vector `s` (step `s / 2`'s low vector for even `s`, high for odd), so one load and a
+//! 16-bit shift per vector put every byte's bit at bit 4, where an AND and an OR (one
+//! `vpternlogd` at the AVX-512 level) add 16. Past four
 //! activation rows the AVX-512 level takes a panel's two groups at once in 512-bit vectors
 //! (`panel`): on two Zen 5 cores 1.5-1.7× the prefill rate of the 256-bit pass; eight rows a
 //! pass instead of four measured 0.91-1.0× in either width.
