@@ -355,6 +355,7 @@ mod avx2 {
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 mod zmm {
     use super::super::act::Q8;
+    use super::super::simd::avx2::prefetch;
     use super::super::simd::avx512::{both, both16};
     use super::super::Format;
     use super::{parts, ROWS};
@@ -371,6 +372,8 @@ mod zmm {
         let mut acc = [_mm512_setzero_ps(); R];
         for b in 0..nb {
             let (b0, b1) = (w0.add(b * gb), w1.add(b * gb));
+            prefetch(b0, gb);
+            prefetch(b1, gb);
             let mut v = [_mm512_setzero_si512(); 8];
             for i in 0..4 {
                 let q = both(b0, b1, p.qs + 32 * i);
