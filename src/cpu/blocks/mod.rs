@@ -319,7 +319,7 @@ fn grouped_product(format: Format, n: usize, k: usize, x: &[f32], m: usize, out:
     // The 4/5-bit formats at the AVX-512 level: a whole panel's two groups a pass past one
     // four-row pass (`rows8::panel`), as Q5_K above: on a Zen 5 VM, with a [32768, 2048] Q5_0
     // weight streamed from memory, the panel pass ran 2-4 rows at 0.8× the groups' rate and
-    // 5-8 rows at 0.85-1.26× (1.5× at 256 rows with the weight in cache).
+    // 5-8 rows at 0.84-1.30× (1.5× at 256 rows with the weight in cache).
     #[cfg(target_arch = "x86_64")]
     let wide = vnni() && format != Format::Q8_0 && m > 4;
     #[cfg(not(target_arch = "x86_64"))]

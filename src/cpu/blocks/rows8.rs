@@ -23,10 +23,10 @@
 //! of the block's 8 × 32 values fill 32 bytes, bit `s` of byte `4r + j` under byte `4r + j`
 //! of vector `s` (step `s / 2`'s low vector for even `s`, high for odd), so one load and a
 //! 16-bit shift per vector put every byte's bit at bit 4, where an AND and an OR (one
-//! `vpternlogd` at the AVX-512 level) add 16. Past four
-//! activation rows the AVX-512 level takes a panel's two groups at once in 512-bit vectors
-//! (`panel`): on two Zen 5 cores 1.5-1.7× the prefill rate of the 256-bit pass; eight rows a
-//! pass instead of four measured 0.91-1.0× in either width.
+//! `vpternlogd` at the AVX-512 level) add 16. Past four activation rows the AVX-512 level
+//! takes a panel's two groups at once in 512-bit vectors (`panel`): on two Zen 5 cores
+//! 1.5-1.7× the prefill rate of the 256-bit pass; eight rows a pass instead of four measured
+//! 0.87-1.0× in either width.
 //! Rows past the weight's last are zeros.
 
 use super::act::Q8;
@@ -289,13 +289,13 @@ mod avx2 {
                     prefetch(blk, gb);
                     let v = $vectors::<F>(blk);
                     let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+                    let m = if min { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i)) } else { _mm256_setzero_ps() };
                     for r in 0..R {
                         let at = (r0 + r) * nb + b;
                         let (sums, dx) = (_mm256_cvtepi32_ps($sums(&v, a.q.as_ptr().add(at * 32))), _mm256_mul_ps(d, _mm256_set1_ps(*a.d.get_unchecked(at))));
                         if min {
                             // m · d_x · Σq, with d_x · Σq through f16 as ggml's `block_q8_1`
                             // holds it.
-                            let m = _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i));
                             acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(*a.s.get_unchecked(2 * at + 1)), _mm256_fmadd_ps(sums, dx, acc[r]));
                         } else {
                             // The offset in the integers, as ggml's dot takes it: the sums and
@@ -396,6 +396,7 @@ mod zmm {
                 }
             }
             let d = _mm512_cvtph_ps(both16(b0, b1, 0));
+            let m = if min { _mm512_cvtph_ps(both16(b0, b1, 16)) } else { _mm512_setzero_ps() };
             for r in 0..R {
                 let at = (r0 + r) * nb + b;
                 let x = a.q.as_ptr().add(at * 32).cast::<i32>();
@@ -407,7 +408,6 @@ mod zmm {
                 let (sums, dx) = (_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), _mm512_mul_ps(d, _mm512_set1_ps(*a.d.get_unchecked(at))));
                 // `rows_lanes`' operations, lane for lane.
                 if min {
-                    let m = _mm512_cvtph_ps(both16(b0, b1, 16));
                     acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(*a.s.get_unchecked(2 * at + 1)), _mm512_fmadd_ps(sums, dx, acc[r]));
                 } else {
                     acc[r] = _mm512_fmadd_ps(_mm512_add_ps(sums, _mm512_set1_ps(offset * *a.s.get_unchecked(2 * at))), dx, acc[r]);
