@@ -12,7 +12,7 @@ pub const PANEL: usize = 16;
 /// Activation rows one pass over a panel handles.
 pub const PASS_ROWS: usize = 8;
 /// Activation rows taken through a task's panels at a time (whole passes).
-const ROW_BLOCK: usize = 8 * PASS_ROWS;
+pub(crate) const ROW_BLOCK: usize = 8 * PASS_ROWS;
 
 /// `$rows::<M, 2>($args…)` with `M = $mg` (1 to `PASS_ROWS`) as a constant: the panel kernels'
 /// dispatch on the number of activation rows. The two accumulator chains are the same for

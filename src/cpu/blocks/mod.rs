@@ -273,10 +273,12 @@ fn grouped_product(format: Format, n: usize, k: usize, x: &[f32], m: usize, out:
     let nb = k / format.values();
     if matches!(format, Format::Q4K | Format::Q5K | Format::Q6K) {
         let (q6, q5) = (format == Format::Q6K, format == Format::Q5K);
-        // Only past one four-row pass: the panel pass reads its two groups as two streams,
-        // which on a Zen 5 VM decoded a [32768, 2048] weight at 0.72-0.81× the 8-row kernel's
-        // rate for 1-4 rows; from 6 rows the arithmetic it saves wins (1.03× at 6, 1.08× at 8,
-        // 1.27× at 16, 1.5× at 256).
+        // Only past one four-row pass: the panel pass reads its two groups as two streams.
+        // With each group's prefetch following its own stream (`simd::avx2::paired`) it
+        // streamed a [131072, 1024] weight at 1.2× the 8-row kernel's rate for one row on a
+        // Zen 5 VM when the host gave ~75 GB/s, but at ~46 GB/s whole files decoded at
+        // 0.88-0.91× (0.5B, Q5_K_M and Q4_0 files); from 6 rows the arithmetic it saves wins
+        // (1.03× at 6, 1.08× at 8, 1.27× at 16, 1.5× at 256).
         #[cfg(target_arch = "x86_64")]
         let wide = q5 && vnni() && m > 4;
         #[cfg(not(target_arch = "x86_64"))]

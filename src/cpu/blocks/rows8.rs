@@ -151,15 +151,15 @@ pub fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: us
 pub fn panel(f: Format, w0: *const u8, w1: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize, rows: usize) {
     assert!(rows > 0 && super::vnni() && f != Format::Q8_0 && out.len() >= (rows - 1) * stride + 2 * ROWS && a.q.len() >= (r0 + rows) * nb * 32, "rows8::panel: no VNNI, Q8_0, or slices shorter than the shapes");
     macro_rules! pass {
-        ($F:ident, $r:expr, $out:expr) => {{
+        ($F:ident, $r:expr, $out:expr, $ahead:expr) => {{
             const F: u8 = Format::$F as u8;
             // SAFETY: checked above; `w0` and `w1` each hold `nb` blocks of a group.
             unsafe {
                 match rows - $r {
-                    4.. => zmm::panel::<F, 4>(w0, w1, nb, a, r0 + $r, $out, stride),
-                    3 => zmm::panel::<F, 3>(w0, w1, nb, a, r0 + $r, $out, stride),
-                    2 => zmm::panel::<F, 2>(w0, w1, nb, a, r0 + $r, $out, stride),
-                    _ => zmm::panel::<F, 1>(w0, w1, nb, a, r0 + $r, $out, stride),
+                    4.. => zmm::panel::<F, 4>(w0, w1, nb, a, r0 + $r, $out, stride, $ahead),
+                    3 => zmm::panel::<F, 3>(w0, w1, nb, a, r0 + $r, $out, stride, $ahead),
+                    2 => zmm::panel::<F, 2>(w0, w1, nb, a, r0 + $r, $out, stride, $ahead),
+                    _ => zmm::panel::<F, 1>(w0, w1, nb, a, r0 + $r, $out, stride, $ahead),
                 }
             }
         }};
@@ -167,11 +167,15 @@ pub fn panel(f: Format, w0: *const u8, w1: *const u8, nb: usize, a: &Q8, r0: usi
     let mut r = 0;
     while r < rows {
         let o = &mut out[r * stride..];
+        // Only the first pass over a panel in each block of activation rows hints the lines
+        // ahead: the later ones find the panel in cache, and their hints into the next panel
+        // (`simd::avx2::paired`) evicted it (256-row prefill 0.88-0.93×).
+        let ahead = (r0 + r).is_multiple_of(crate::cpu::panels::ROW_BLOCK);
         r += match f {
-            Format::Q4_0 => pass!(Q4_0, r, o),
-            Format::Q4_1 => pass!(Q4_1, r, o),
-            Format::Q5_0 => pass!(Q5_0, r, o),
-            _ => pass!(Q5_1, r, o),
+            Format::Q4_0 => pass!(Q4_0, r, o, ahead),
+            Format::Q4_1 => pass!(Q4_1, r, o, ahead),
+            Format::Q5_0 => pass!(Q5_0, r, o, ahead),
+            _ => pass!(Q5_1, r, o, ahead),
         };
     }
 }
@@ -355,7 +359,7 @@ mod avx2 {
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 mod zmm {
     use super::super::act::Q8;
-    use super::super::simd::avx2::prefetch;
+    use super::super::simd::avx2::{paired, prefetch};
     use super::super::simd::avx512::{both, both16};
     use super::super::Format;
     use super::{parts, ROWS};
@@ -364,7 +368,8 @@ mod zmm {
     /// `R` activation rows from `r0` (a constant, so the accumulators stay in registers);
     /// returns `R`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn panel<const F: u8, const R: usize>(w0: *const u8, w1: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize) -> usize {
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn panel<const F: u8, const R: usize>(w0: *const u8, w1: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize, ahead: bool) -> usize {
         let (f, m4, sixteen) = (Format::from_id(F), _mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x10));
         let (p, gb) = (parts(f), ROWS * f.bytes());
         let min = matches!(f, Format::Q4_1 | Format::Q5_1);
@@ -372,8 +377,10 @@ mod zmm {
         let mut acc = [_mm512_setzero_ps(); R];
         for b in 0..nb {
             let (b0, b1) = (w0.add(b * gb), w1.add(b * gb));
-            prefetch(b0, gb);
-            prefetch(b1, gb);
+            if ahead {
+                prefetch(paired(w0, b * gb, nb * gb), gb);
+                prefetch(paired(w1, b * gb, nb * gb), gb);
+            }
             let mut v = [_mm512_setzero_si512(); 8];
             for i in 0..4 {
                 let q = both(b0, b1, p.qs + 32 * i);
