@@ -278,7 +278,7 @@ fn grouped_product(format: Format, n: usize, k: usize, x: &[f32], m: usize, out:
         // streamed a [131072, 1024] weight at 1.2× the 8-row kernel's rate for one row on a
         // Zen 5 VM when the host gave ~75 GB/s, but at ~46 GB/s whole files decoded at
         // 0.88-0.91× (0.5B, Q5_K_M and Q4_0 files); from five rows the arithmetic it saves
-        // wins (streamed: 2.1× at 5 rows, 1.5-1.8× at 8; 1.5× at 256 in cache).
+        // wins (streamed: 2.0-2.3× at 5 rows, 1.3-1.7× at 8; 1.5× at 256 in cache).
         #[cfg(target_arch = "x86_64")]
         let wide = q5 && vnni() && m > 4;
         #[cfg(not(target_arch = "x86_64"))]
@@ -320,7 +320,7 @@ fn grouped_product(format: Format, n: usize, k: usize, x: &[f32], m: usize, out:
     let a = Q8::quantize(x, m, k);
     // The 4/5-bit formats at the AVX-512 level: a whole panel's two groups a pass past one
     // four-row pass (`rows8::panel`), as Q5_K above: on a Zen 5 VM, streaming a [32768, 2048]
-    // weight, 1.35-1.5× the groups' rate at 8 rows (1.4-1.5× at 5 on [131072, 896]; 1.5× at
+    // weight, 1.3-1.6× the groups' rate at 8 rows (1.4-1.5× at 5 on [131072, 896]; 1.5× at
     // 256 rows in cache); two to four rows stay on the groups for the reason above.
     #[cfg(target_arch = "x86_64")]
     let wide = vnni() && format != Format::Q8_0 && m > 4;
