@@ -169,7 +169,7 @@ pub fn panel(f: Format, w0: *const u8, w1: *const u8, nb: usize, a: &Q8, r0: usi
         let o = &mut out[r * stride..];
         // Only the first pass over a panel in each block of activation rows hints the lines
         // ahead: the later ones find the panel in cache, and their hints into the next panel
-        // (`simd::avx2::paired`) evicted it (256-row prefill 0.88-0.93×).
+        // (`simd::avx2::paired`) evicted it (256-row prefill 0.87-0.94×).
         let ahead = (r0 + r).is_multiple_of(crate::cpu::panels::ROW_BLOCK);
         r += match f {
             Format::Q4_0 => pass!(Q4_0, r, o, ahead),
