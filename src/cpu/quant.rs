@@ -7,7 +7,7 @@ use candle_core::quantized::GgmlDType;
 /// The packed kernels that can hold a weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
-    /// AVX-512 VNNI panels (`q8_0`, `q4_k`, `q6_k`).
+    /// AVX-512 VNNI panels (`q8_0`, `q4_k` for Q4_K and Q5_K, `q6_k`).
     Vnni,
     /// AVX2 row-major blocks (`blocks`), at AVX2 and above.
     Blocks,
@@ -15,7 +15,7 @@ pub enum Kernel {
 
 /// The packed kernel for `dtype`, or `None` where candle's own kernels run it.
 pub fn kernel(dtype: GgmlDType) -> Option<Kernel> {
-    if matches!(dtype, GgmlDType::Q8_0 | GgmlDType::Q4K | GgmlDType::Q6K) && super::q8_0::available() {
+    if matches!(dtype, GgmlDType::Q8_0 | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K) && super::q8_0::available() {
         return Some(Kernel::Vnni);
     }
     (super::blocks::Format::of(dtype).is_some() && super::blocks::available()).then_some(Kernel::Blocks)

@@ -32,7 +32,7 @@ enum Weight {
     Candle(QMatMul),
     /// Q8_0 in `cpu::q8_0`'s panel layout (the blocks it came from are dropped).
     PackedQ8(Arc<PackedQ8>),
-    /// Q4_K in `cpu::q4_k`'s panel layout (likewise).
+    /// Q4_K or Q5_K in `cpu::q4_k`'s panel layout (likewise).
     PackedQ4K(Arc<PackedQ4K>),
     /// Q6_K in `cpu::q6_k`'s panel layout (likewise).
     PackedQ6K(Arc<PackedQ6K>),
@@ -69,6 +69,7 @@ fn pack_blocks(dtype: GgmlDType, blocks: &[u8], n: usize, k: usize) -> Option<We
     match crate::cpu::quant::kernel(dtype)? {
         Kernel::Vnni if dtype == GgmlDType::Q8_0 => PackedQ8::pack(blocks, n, k).map(|p| Weight::PackedQ8(Arc::new(p))),
         Kernel::Vnni if dtype == GgmlDType::Q6K => PackedQ6K::pack(blocks, n, k).map(|p| Weight::PackedQ6K(Arc::new(p))),
+        Kernel::Vnni if dtype == GgmlDType::Q5K => PackedQ4K::pack_q5k(blocks, n, k).map(|p| Weight::PackedQ4K(Arc::new(p))),
         Kernel::Vnni => PackedQ4K::pack(blocks, n, k).map(|p| Weight::PackedQ4K(Arc::new(p))),
         Kernel::Blocks => PackedBlocks::pack(Format::of(dtype)?, blocks, n, k).map(|p| Weight::PackedBlocks(Arc::new(p))),
     }

@@ -17,7 +17,7 @@ mod kquants;
 mod q4k8;
 mod q6k8;
 mod rows8;
-mod simd;
+pub(crate) mod simd;
 
 use candle_core::quantized::GgmlDType;
 
@@ -273,27 +273,8 @@ fn grouped_product(format: Format, n: usize, k: usize, x: &[f32], m: usize, out:
     let nb = k / format.values();
     if matches!(format, Format::Q4K | Format::Q5K | Format::Q6K) {
         let (q6, q5) = (format == Format::Q6K, format == Format::Q5K);
-        // Only past one four-row pass: the panel pass reads its two groups as two streams.
-        // With each group's prefetch following its own stream (`simd::avx2::paired`) it
-        // streamed a [131072, 1024] weight at 1.2× the 8-row kernel's rate for one row on a
-        // Zen 5 VM when the host gave ~75 GB/s, but at ~46 GB/s whole files decoded at
-        // 0.88-0.91× (0.5B, Q5_K_M and Q4_0 files); from five rows the arithmetic it saves
-        // wins (streamed: 2.0-2.3× at 5 rows, 1.3-1.7× at 8; 1.5× at 256 in cache).
-        #[cfg(target_arch = "x86_64")]
-        let wide = q5 && vnni() && m > 4;
-        #[cfg(not(target_arch = "x86_64"))]
-        let wide = false;
         let a = Q8K::quantize(x, m, k);
-        let a = if wide { a.pairs() } else { a };
-        // Q5_K at the AVX-512 level: a whole panel's two groups a pass (`q4k8::panel_q5k`).
-        let panel_pass = |w0: *const u8, w1: *const u8, r0: usize, o: &mut [f32], rows: usize| {
-            #[cfg(target_arch = "x86_64")]
-            q4k8::panel_q5k(w0, w1, nb, &a, r0, o, PANEL, rows);
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = (w0, w1, r0, o, rows);
-        };
-        let wide: Option<PanelPass> = if wide { Some(&panel_pass) } else { None };
-        return groups(format, n, k, m, out, panel, wide, |w, r0, o, rows| {
+        return groups(format, n, k, m, out, panel, None, |w, r0, o, rows| {
             #[cfg(target_arch = "x86_64")]
             macro_rules! pass {
                 ($kernel:ident $(, $five:literal)?) => {
@@ -319,9 +300,13 @@ fn grouped_product(format: Format, n: usize, k: usize, x: &[f32], m: usize, out:
     }
     let a = Q8::quantize(x, m, k);
     // The 4/5-bit formats at the AVX-512 level: a whole panel's two groups a pass past one
-    // four-row pass (`rows8::panel`), as Q5_K above: on a Zen 5 VM, streaming a [32768, 2048]
-    // weight, 1.3-1.6× the groups' rate at 8 rows (1.4-1.5× at 5 on [131072, 896]; 1.5× at
-    // 256 rows in cache); two to four rows stay on the groups for the reason above.
+    // four-row pass (`rows8::panel`): on a Zen 5 VM, streaming a [32768, 2048] weight,
+    // 1.3-1.6× the groups' rate at 8 rows (1.4-1.5× at 5 on [131072, 896]; 1.5× at 256 rows
+    // in cache). Only past one four-row pass: the panel pass reads its two groups as two
+    // streams. With each group's prefetch following its own stream (`simd::avx2::paired`),
+    // Q5_K's pass (before it moved to `q4_k`'s panels) streamed a [131072, 1024] weight at
+    // 1.2× the 8-row kernel's rate for one row when the host gave ~75 GB/s, but at ~46 GB/s
+    // whole files decoded at 0.88-0.91× (0.5B, Q5_K_M and Q4_0 files).
     #[cfg(target_arch = "x86_64")]
     let wide = vnni() && format != Format::Q8_0 && m > 4;
     #[cfg(not(target_arch = "x86_64"))]

@@ -1,6 +1,5 @@
-//! Q4_K and Q5_K weights eight rows at a time (Q4_K for AVX2 without VNNI; Q5_K at every
-//! level). In the file's own layout a
-//! sub-block of 32 values is one `vpmaddubsw` per activation row, whose sixteen 16-bit pair
+//! Q4_K and Q5_K weights eight rows at a time, for AVX2 without VNNI (with it, `q4_k`'s
+//! panels hold both). In the file's own layout a sub-block of 32 values is one `vpmaddubsw` per activation row, whose sixteen 16-bit pair
 //! sums must then be widened and scaled by a `vpmaddwd` of their own: two multiplies per 32
 //! values. Here the same byte column of eight rows sits side by side (four bytes of each row
 //! in one 256-bit vector), so one broadcast of four activation bytes serves eight rows, the
@@ -88,38 +87,7 @@ pub fn rows<const FIVE: bool, const R: usize>(w: *const u8, nb: usize, a: &Q8K, 
     assert!(out.len() >= (R - 1) * stride + ROWS && a.q().len() >= (r0 + R) * nb * 256, "q4k8::rows: slices shorter than the shapes");
     // SAFETY: the caller (`PackedBlocks::matmul`) checked avx2, fma and f16c; `w` holds `nb`
     // blocks of the group, and the activations and `out` are long enough (asserted above).
-    unsafe {
-        if FIVE && super::vnni() {
-            avx2::rows_q5k_vnni::<R>(w, nb, a, r0, out, stride)
-        } else {
-            avx2::rows::<FIVE, R>(w, nb, a, r0, out, stride)
-        }
-    }
-}
-
-/// A panel's two groups (`w0`, `w1`, `nb` blocks of Q5_K each) against activation rows
-/// `r0..r0 + rows`: `out[r · stride + l]` for the panel's rows `l < 16`, the same bits as `rows`
-/// on each group; eight activation rows at once where there are (1.1× four on a Zen 5 VM;
-/// twelve, with more rows a pass, measured 0.92× eight), then four, then the rest. Needs the
-/// AVX-512 level with VNNI, VL and BW (`vnni()`) and `a.pairs`.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-pub fn panel_q5k(w0: *const u8, w1: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], stride: usize, rows: usize) {
-    assert!(rows > 0 && super::vnni() && out.len() >= (rows - 1) * stride + 2 * ROWS && a.q().len() >= (r0 + rows) * nb * 256 && a.pairs.len() >= (r0 + rows) * nb * 4, "q4k8::panel_q5k: no VNNI, or slices shorter than the shapes");
-    let mut r = 0;
-    while r < rows {
-        let (r0, out) = (r0 + r, &mut out[r * stride..]);
-        // SAFETY: checked above; `w0` and `w1` each hold `nb` blocks of a group.
-        r += unsafe {
-            match rows - r {
-                8.. => zmm::panel_q5k::<8>(w0, w1, nb, a, r0, out, stride),
-                4.. => zmm::panel_q5k::<4>(w0, w1, nb, a, r0, out, stride),
-                3 => zmm::panel_q5k::<3>(w0, w1, nb, a, r0, out, stride),
-                2 => zmm::panel_q5k::<2>(w0, w1, nb, a, r0, out, stride),
-                _ => zmm::panel_q5k::<1>(w0, w1, nb, a, r0, out, stride),
-            }
-        };
-    }
+    unsafe { avx2::rows::<FIVE, R>(w, nb, a, r0, out, stride) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -193,46 +161,6 @@ mod avx2 {
         }
     }
 
-    /// `rows` for Q5_K at the AVX-512 level: the fifth bits set by byte masks (`vptestmb`
-    /// picks bit 2c or 2c + 1 of each byte, a masked add puts 16 there) and `vpdpbusd` summing
-    /// each row's four products straight into i32, so no 16-bit sums to widen; the sub-block
-    /// scales then multiply the i32 sums. The same exact integer sums as `rows`, so the same
-    /// bits. (The AVX2 body ran at ~50 GB/s on two Zen 4 cores with the weight in cache.)
-    #[target_feature(enable = "avx2,fma,f16c,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn rows_q5k_vnni<const R: usize>(w: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], stride: usize) {
-        let (bytes, sixteen) = (block_bytes(true), _mm256_set1_epi8(0x10));
-        let mut acc = [_mm256_setzero_ps(); R];
-        for b in 0..nb {
-            let blk = w.add(b * bytes);
-            let mut isum = [_mm256_setzero_si256(); R];
-            for c in 0..4 {
-                // Bit 2c and bit 2c + 1 of each byte (bit 7 for c = 3: 0x80, an i8 of -128).
-                let (bl, bh) = (_mm256_set1_epi8((1u8 << (2 * c)) as i8), _mm256_set1_epi8((2u8 << (2 * c)) as i8));
-                let (mut lo, mut hi) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
-                for i in 0..8 {
-                    prefetch_step(blk, 8 * c + i, bytes.div_ceil(32));
-                    let (ql, qh) = nibbles(blk.add(QS + 32 * (8 * c + i)));
-                    let bits = _mm256_loadu_si256(blk.add(QH + 32 * i) as *const __m256i);
-                    let ql = _mm256_mask_add_epi8(ql, _mm256_test_epi8_mask(bits, bl), ql, sixteen);
-                    let qh = _mm256_mask_add_epi8(qh, _mm256_test_epi8_mask(bits, bh), qh, sixteen);
-                    for r in 0..R {
-                        lo[r] = _mm256_dpbusd_epi32(lo[r], ql, x(a, nb, b, r0 + r, 64 * c + 4 * i));
-                        hi[r] = _mm256_dpbusd_epi32(hi[r], qh, x(a, nb, b, r0 + r, 64 * c + 32 + 4 * i));
-                    }
-                }
-                let sc = blk.add(SC + 16 * c);
-                let (sl, sh) = (_mm256_cvtepu8_epi32(_mm_loadl_epi64(sc as *const __m128i)), _mm256_cvtepu8_epi32(_mm_loadl_epi64(sc.add(8) as *const __m128i)));
-                for r in 0..R {
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_mullo_epi32(lo[r], sl), _mm256_mullo_epi32(hi[r], sh)));
-                }
-            }
-            block_end(blk, nb, b, a, r0, &isum, &mut acc);
-        }
-        for r in 0..R {
-            _mm256_storeu_ps(out.as_mut_ptr().add(r * stride), acc[r]);
-        }
-    }
-
     /// A block's end for activation rows `r0..r0 + R`: `acc += d_x · (d · isum − dmin · Σ_j
     /// m_j · Σx_j)`, eight rows a vector.
     #[inline(always)]
@@ -259,151 +187,9 @@ mod avx2 {
     }
 }
 
-/// Q5_K over a panel's two groups in 512-bit vectors: group 0's 32 bytes of a step in the low
-/// half, group 1's in the high half, so each four-byte activation broadcast and each nibble
-/// split and fifth-bit mask serve sixteen rows (`rows_q5k_vnni` spends the same on eight). The
-/// per-row operations are `rows_q5k_vnni`'s lane for lane (`vpdpwssd` for its `vpmaddwd` +
-/// add of the mins), so the same bits.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
-mod zmm {
-    use super::super::act::Q8K;
-    use super::super::simd::avx2::{paired, prefetch_step};
-    use super::super::simd::avx512::{both, both16};
-    use super::{block_bytes, DMIN, MN, QH, QS, SC};
-    use std::arch::x86_64::*;
-
-    /// Sub-block `j`'s scales of the sixteen rows as i32.
-    #[inline(always)]
-    unsafe fn scales(b0: *const u8, b1: *const u8, j: usize) -> __m512i {
-        let (s0, s1) = (_mm_loadl_epi64(b0.add(SC + 8 * j) as *const __m128i), _mm_loadl_epi64(b1.add(SC + 8 * j) as *const __m128i));
-        _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(s0, s1))
-    }
-
-    /// `R` activation rows from `r0` (a constant, so the accumulators stay in registers);
-    /// returns `R`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn panel_q5k<const R: usize>(w0: *const u8, w1: *const u8, nb: usize, a: &Q8K, r0: usize, out: &mut [f32], stride: usize) -> usize {
-        let (bytes, sixteen, m4) = (block_bytes(true), _mm512_set1_epi8(0x10), _mm512_set1_epi8(0x0f));
-        let quads = a.quads().as_ptr();
-        let mut acc = [_mm512_setzero_ps(); R];
-        for b in 0..nb {
-            let (b0, b1) = (w0.add(b * bytes), w1.add(b * bytes));
-            // Row r's activation quadruple `at` of this block, in every lane.
-            let x = |r: usize, at: usize| _mm512_set1_epi32(*quads.add(((r0 + r) * nb + b) * 64 + at));
-            let mut isum = [_mm512_setzero_si512(); R];
-            for c in 0..4 {
-                let (bl, bh) = (_mm512_set1_epi8((1u8 << (2 * c)) as i8), _mm512_set1_epi8((2u8 << (2 * c)) as i8));
-                let (mut lo, mut hi) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
-                // Where each group's prefetch stands, decided a chunk (a quarter block) at a
-                // time: a decision a step cost a third of the one-row pass with the weight in
-                // cache, one a block hinted the wrong lines for up to a block a panel.
-                let step = bytes.div_ceil(32);
-                let at = b * bytes + 8 * c * step;
-                let (p0, p1) = (paired(w0, at, nb * bytes), paired(w1, at, nb * bytes));
-                for i in 0..8 {
-                    prefetch_step(p0, i, step);
-                    prefetch_step(p1, i, step);
-                    let q = both(b0, b1, QS + 32 * (8 * c + i));
-                    let (ql, qh) = (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
-                    let bits = both(b0, b1, QH + 32 * i);
-                    let ql = _mm512_mask_add_epi8(ql, _mm512_test_epi8_mask(bits, bl), ql, sixteen);
-                    let qh = _mm512_mask_add_epi8(qh, _mm512_test_epi8_mask(bits, bh), qh, sixteen);
-                    for r in 0..R {
-                        lo[r] = _mm512_dpbusd_epi32(lo[r], ql, x(r, 16 * c + i));
-                        hi[r] = _mm512_dpbusd_epi32(hi[r], qh, x(r, 16 * c + 8 + i));
-                    }
-                }
-                let (sl, sh) = (scales(b0, b1, 2 * c), scales(b0, b1, 2 * c + 1));
-                for r in 0..R {
-                    isum[r] = _mm512_add_epi32(isum[r], _mm512_add_epi32(_mm512_mullo_epi32(lo[r], sl), _mm512_mullo_epi32(hi[r], sh)));
-                }
-            }
-            let d = _mm512_cvtph_ps(both16(b0, b1, 0));
-            let dmin = _mm512_cvtph_ps(both16(b0, b1, DMIN));
-            for r in 0..R {
-                // Σ_j m_j · Σx_j: the mins as pairs of sub-blocks against the pairs' sums.
-                let mut msum = _mm512_setzero_si512();
-                for p in 0..4 {
-                    let mins = _mm512_cvtepu8_epi16(both16(b0, b1, MN + 16 * p));
-                    msum = _mm512_dpwssd_epi32(msum, mins, _mm512_set1_epi32(*a.pairs.as_ptr().add(((r0 + r) * nb + b) * 4 + p)));
-                }
-                let dx = _mm512_set1_ps(*a.d.as_ptr().add((r0 + r) * nb + b));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, dx), acc[r]);
-                acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, dx), acc[r]);
-            }
-        }
-        for r in 0..R {
-            _mm512_storeu_ps(out.as_mut_ptr().add(r * stride), acc[r]);
-        }
-        R
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::{available, Format, PackedBlocks};
-    use super::*;
-
-    /// `m` activation rows (Q8_K, with `pairs`) and a Q5_K weight of `n` rows in packed groups,
-    /// `[m, k]·[n, k]ᵀ`; `None` without the AVX-512 VNNI level the kernels compared need.
-    #[cfg(target_arch = "x86_64")]
-    fn vnni_case(m: usize, k: usize, n: usize) -> candle_core::Result<Option<(Vec<u8>, Q8K)>> {
-        if !super::super::vnni() {
-            eprintln!("no AVX-512 VNNI at this level: nothing to compare");
-            return Ok(None);
-        }
-        let (x, blocks, _) = crate::cpu::testing::quantized_case(candle_core::quantized::GgmlDType::Q5K, m, k, n)?;
-        let gb = bytes(true, ROWS, k);
-        let mut w = vec![0u8; bytes(true, n, k)];
-        for (g, out) in w.chunks_exact_mut(gb).enumerate() {
-            pack_group(true, &blocks, n, k / 256, g, out);
-        }
-        Ok(Some((w, Q8K::quantize(&x, m, k).pairs())))
-    }
-
-    /// Q5_K's VNNI body gives the AVX2 body's bits (both sum the same integers exactly): a
-    /// group of seven rows (the eighth zero), three activation rows, two blocks.
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn q5k_vnni_gives_the_avx2_bits() -> candle_core::Result<()> {
-        let (m, k) = (3, 512);
-        let Some((group, a)) = vnni_case(m, k, 7)? else { return Ok(()) };
-        let (mut want, mut got) = ([0f32; 3 * ROWS], [0f32; 3 * ROWS]);
-        // SAFETY: `vnni()` checked avx512vnni, avx512vl and avx512bw at the AVX-512 level (avx2,
-        // fma and f16c with it); the group holds k / 256 blocks and the activations 3 rows.
-        unsafe {
-            avx2::rows::<true, 3>(group.as_ptr(), k / 256, &a, 0, &mut want, ROWS);
-            avx2::rows_q5k_vnni::<3>(group.as_ptr(), k / 256, &a, 0, &mut got, ROWS);
-        }
-        assert_eq!(got, want);
-        assert!(want.iter().any(|v| *v != 0.0), "a product of zeros proves nothing");
-        Ok(())
-    }
-
-    /// The panel pass over two groups gives each group's `rows` bits: fifteen rows (the
-    /// sixteenth zero), every count of activation rows from one to eight, two blocks.
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn q5k_panel_gives_each_groups_bits() -> candle_core::Result<()> {
-        let (m, k) = (8, 512);
-        let Some((w, a)) = vnni_case(m, k, 15)? else { return Ok(()) };
-        let (w0, w1) = (w.as_ptr(), w[bytes(true, ROWS, k)..].as_ptr());
-        let stride = 2 * ROWS;
-        let mut want = [0f32; 8 * 2 * ROWS];
-        for r in (0..m).step_by(4) {
-            rows::<true, 4>(w0, k / 256, &a, r, &mut want[r * stride..], stride);
-            rows::<true, 4>(w1, k / 256, &a, r, &mut want[r * stride + ROWS..], stride);
-        }
-        for r0 in 0..m {
-            let mut got = [0f32; 8 * 2 * ROWS];
-            let out = &mut got[r0 * stride..];
-            panel_q5k(w0, w1, k / 256, &a, r0, out, stride, m - r0);
-            assert_eq!(got[r0 * stride..], want[r0 * stride..], "from activation row {r0}");
-        }
-        assert!(want[ROWS..2 * ROWS - 1].iter().all(|v| *v != 0.0), "the second group's rows must count");
-        Ok(())
-    }
 
     /// Q5_K's largest values against activations quantized to −128 (an activation row of all
     /// +1 or all −1: Q8_K's scale takes the sign of the largest value) sum to 8 · 2 · 31 · 128

@@ -3,7 +3,7 @@
 //! and the loads of the 512-bit passes over a panel's two groups (`rows8`, `q4k8`).
 
 #[cfg(target_arch = "x86_64")]
-pub(super) mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     /// The eight i32 vectors' totals, vector `r`'s in lane `r`.
@@ -58,8 +58,9 @@ pub(super) mod avx2 {
     /// groups lie back to back and the next panel after them, so once `AHEAD` past `at` runs
     /// off the group's end, the same place in the next panel's group. The pass reads both
     /// groups at once: `AHEAD` past group 0's block would hint lines of group 1 already being
-    /// read, and nothing would hint the start of the next panel's group 1 (the 512-bit Q5_K
-    /// pass streamed a weight at 0.55× the 256-bit one's rate for one activation row).
+    /// read, and nothing would hint the start of the next panel's group 1 (a 512-bit Q5_K
+    /// pass, since replaced by `q4_k`'s panels, streamed a weight at 0.55× the 256-bit one's
+    /// rate for one activation row).
     #[inline(always)]
     pub fn paired(w: *const u8, at: usize, group: usize) -> *const u8 {
         w.wrapping_add(if at + AHEAD >= group { at + group } else { at })
