@@ -113,6 +113,11 @@ impl Panels {
     pub fn bytes(&self) -> usize {
         self.lines.len() * 64
     }
+
+    /// Lines per panel (what a format's panel holds, per `k`).
+    pub fn per_panel(&self) -> usize {
+        self.per_panel
+    }
 }
 
 /// Fills `lines` (one per 32-bit word of a row) so that lane `r` of line `i` holds word `i` of

@@ -127,7 +127,7 @@ impl PackedQ4K {
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
         assert!(available(), "PackedQ4K::matmul needs AVX-512 VNNI");
         let (n, k) = (self.0.n, self.0.k);
-        let five = self.0.panel(0).len() == k / BLOCK * lines(true);
+        let five = self.0.per_panel() == k / BLOCK * lines(true);
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedQ4K::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
         let act = Q8K::quantize(&x[..m * k], m, k).pairs();
         super::panels::run(n, m, out, |p, g, mg, res| {
