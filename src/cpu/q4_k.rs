@@ -178,11 +178,12 @@ mod vnni {
         let step = (per_block * 64).div_ceil(32);
         let mut acc = [_mm512_setzero_ps(); M];
         for b in 0..nb {
-            // The stream is prefetched `AHEAD` (4 KiB) past the block, a line or two a step
+            // The stream is prefetched `AHEAD` past the block, a line or two a step
             // (`prefetch_step`, as the AVX2 groups do). On a Zen 5 VM, one activation row
-            // streaming a [262144, 1024] weight at a ~71-74 GB/s triad: Q4_K 75-83 GB/s with
-            // it, 69-71 with the hardware prefetchers alone, and Q5_K 32-35 without it (its
-            // fifth-bit lines before or behind the nibbles alike) against 74-78 with it. (On a
+            // streaming a [262144, 1024] weight at a ~71-74 GB/s triad, with `AHEAD` then 4 KiB:
+            // Q4_K 75-83 GB/s with it, 69-71 with the hardware prefetchers alone, and Q5_K
+            // 32-35 without it (its fifth-bit lines before or behind the nibbles alike)
+            // against 74-78 with it. (On a
             // Zen 4 VM a hint per line two blocks ahead, all at the block's start, had streamed
             // Q4_K at 0.78-0.92× the rate without hints.)
             let l = lines.as_ptr().add(b * per_block) as *const __m512i;
