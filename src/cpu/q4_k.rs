@@ -255,25 +255,21 @@ mod tests {
     use crate::cpu::testing::packed_matches_candle;
     use candle_core::quantized::GgmlDType;
 
-    /// Against candle's own Q4_K matmul (which quantizes the activations to Q8_K the same way):
-    /// rows that are not whole panels, one to many passes of activation rows, several blocks.
+    /// Against candle's own Q4_K and Q5_K matmuls (which quantize the activations to Q8_K the
+    /// same way): rows that are not whole panels, one to many passes of activation rows,
+    /// several blocks.
     #[test]
-    fn matches_candle_q4k_matmul() -> candle_core::Result<()> {
+    fn matches_candle_q4k_q5k_matmul() -> candle_core::Result<()> {
         if !available() {
             eprintln!("no AVX-512 VNNI: candle's kernels run instead");
             return Ok(());
         }
-        packed_matches_candle(GgmlDType::Q4K, &[(1, 256, 37), (1, 1024, 130), (2, 512, 16), (5, 256, 20), (11, 768, 9), (40, 512, 33)], PackedQ4K::pack, PackedQ4K::bytes, |n, k| n.div_ceil(16) * k / 256 * 37 * 64, PackedQ4K::matmul)
-    }
-
-    /// Q5_K likewise.
-    #[test]
-    fn matches_candle_q5k_matmul() -> candle_core::Result<()> {
-        if !available() {
-            eprintln!("no AVX-512 VNNI: candle's kernels run instead");
-            return Ok(());
+        let shapes = [(1, 256, 37), (1, 1024, 130), (2, 512, 16), (5, 256, 20), (11, 768, 9), (40, 512, 33)];
+        type Pack = fn(&[u8], usize, usize) -> Option<PackedQ4K>;
+        for (dtype, pack, five) in [(GgmlDType::Q4K, PackedQ4K::pack as Pack, false), (GgmlDType::Q5K, PackedQ4K::pack_q5k, true)] {
+            packed_matches_candle(dtype, &shapes, pack, PackedQ4K::bytes, |n, k| n.div_ceil(16) * k / 256 * lines(five) * 64, PackedQ4K::matmul)?;
         }
-        packed_matches_candle(GgmlDType::Q5K, &[(1, 256, 37), (1, 1024, 130), (2, 512, 16), (5, 256, 20), (11, 768, 9), (40, 512, 33)], PackedQ4K::pack_q5k, PackedQ4K::bytes, |n, k| n.div_ceil(16) * k / 256 * 45 * 64, PackedQ4K::matmul)
+        Ok(())
     }
 
     /// Rows that are not whole blocks, or too few bytes, are refused rather than misread.
