@@ -183,9 +183,8 @@ mod vnni {
             // streaming a [262144, 1024] weight at a ~71-74 GB/s triad, with `AHEAD` then 4 KiB:
             // Q4_K 75-83 GB/s with it, 69-71 with the hardware prefetchers alone, and Q5_K
             // 32-35 without it (its fifth-bit lines before or behind the nibbles alike)
-            // against 74-78 with it. (On a
-            // Zen 4 VM a hint per line two blocks ahead, all at the block's start, had streamed
-            // Q4_K at 0.78-0.92× the rate without hints.)
+            // against 74-78 with it. (On a Zen 4 VM a hint per line two blocks ahead, all at
+            // the block's start, had streamed Q4_K at 0.78-0.92× the rate without hints.)
             let l = lines.as_ptr().add(b * per_block) as *const __m512i;
             // Row r's activation quadruple `quad` of this block, broadcast.
             macro_rules! x {
