@@ -92,9 +92,10 @@ pub fn available() -> bool {
     false
 }
 
-/// Whether the 4/5-bit kernels take 256-bit `vpdpbusd` and byte masks (the AVX-512 level
-/// with VNNI, as `q8_0`'s panels, and VL and BW): the same exact integer sums as
-/// `vpmaddubsw` + `vpmaddwd` and the AVX2 bit spreads, so the same bits at either level.
+/// Whether the 32-value 4/5-bit kernels (`rows8`) take 256-bit `vpdpbusd` and `vpternlogd`
+/// (the AVX-512 level with VNNI, as `q8_0`'s panels, and VL and BW): the same exact integer
+/// sums as `vpmaddubsw` + `vpmaddwd` and the AVX2 bit spreads, so the same bits at either
+/// level.
 #[cfg(target_arch = "x86_64")]
 fn vnni() -> bool {
     super::q8_0::available() && std::is_x86_feature_detected!("avx512vl") && std::is_x86_feature_detected!("avx512bw")

@@ -1,9 +1,10 @@
 //! Q4_K and Q5_K weights eight rows at a time, for AVX2 without VNNI (with it, `q4_k`'s
-//! panels hold both). In the file's own layout a sub-block of 32 values is one `vpmaddubsw` per activation row, whose sixteen 16-bit pair
-//! sums must then be widened and scaled by a `vpmaddwd` of their own: two multiplies per 32
-//! values. Here the same byte column of eight rows sits side by side (four bytes of each row
-//! in one 256-bit vector), so one broadcast of four activation bytes serves eight rows, the
-//! pair sums of a whole sub-block add up in 16 bits (eight steps of at most 2 · 15 · 128 stay
+//! panels hold both). In the file's own layout a sub-block of 32 values is one `vpmaddubsw`
+//! per activation row, whose sixteen 16-bit pair sums must then be widened and scaled by a
+//! `vpmaddwd` of their own: two multiplies per 32 values. Here the same byte column of eight
+//! rows sits side by side (four bytes of each row in one 256-bit vector), so one broadcast of
+//! four activation bytes serves eight rows, the pair sums of a whole sub-block add up in 16
+//! bits (eight steps of at most 2 · 15 · 128 stay
 //! below 32 767; Q5_K's values reach 31, so its sums are widened every four steps), and one
 //! `vpmaddwd` scales all eight rows' sub-block at once: about nine multiplies per 8 × 32
 //! values instead of sixteen (llama.cpp's AVX2 repack of Q4_K rests on the same observation).

@@ -1,6 +1,7 @@
 //! AVX2 pieces the block kernels share (`rows8`, `q4k8`, `q6k8`): horizontal reductions of
-//! eight vectors, the four-byte activation broadcast and the weight stream's prefetch schedule;
-//! and the loads of the 512-bit passes over a panel's two groups (`rows8`, `q4k8`).
+//! eight vectors, the four-byte activation broadcast and the weight stream's prefetch schedule
+//! (which `cpu::q4_k`'s panels use too); and the loads of the 512-bit passes over a panel's
+//! two groups (`rows8`).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
