@@ -400,14 +400,14 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     let pre = merg::generate::prepare(&*model, &ids, &VisionInput::default())?;
     let mut kv = DenseCache::new();
     let logits = forward_logits(&*model, &pre, &mut kv, 1)?;
-    let mut tok = logits.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
+    let mut tok = greedy(&logits)?;
     sync(&device)?;
     let prefill_s = t0.elapsed().as_secs_f64();
     first_token();
     let t1 = Instant::now();
     for i in 0..a.decode_tokens {
         let step = decode_inputs(&*model, tok, ids.len() + i, pre.rope_delta)?;
-        tok = forward_logits(&*model, &step, &mut kv, 1)?.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
+        tok = greedy(&forward_logits(&*model, &step, &mut kv, 1)?)?;
     }
     sync(&device)?;
     let decode_s = t1.elapsed().as_secs_f64();
@@ -429,7 +429,7 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
         true => Some(merg::cpu::roofline::paired(steps, |i| -> Result<f64> {
             let past = ids.len() + a.decode_tokens + i;
             let step = decode_inputs(&*model, tok, past, pre.rope_delta)?;
-            tok = forward_logits(&*model, &step, &mut kv, 1)?.squeeze(0)?.argmax(0)?.to_scalar::<u32>()?;
+            tok = greedy(&forward_logits(&*model, &step, &mut kv, 1)?)?;
             Ok(cost.decode_bytes(past as f64))
         })?),
         false => None,
@@ -460,6 +460,20 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     });
     merge(&mut rec, facts);
     Ok(rec)
+}
+
+/// The next token of `[1, vocab]` f32 logits, greedily. On the CPU it is read in place:
+/// candle's argmax walks a 151,936-value row one value at a time, about 90 µs of a 0.5B
+/// model's ~8 ms step on the 2-core Zen 5 box (llama-bench, beside it, samples nothing).
+fn greedy(logits: &candle_core::Tensor) -> Result<u32> {
+    let row = logits.squeeze(0)?;
+    {
+        let (storage, layout) = row.storage_and_layout();
+        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) = (&*storage, layout.contiguous_offsets()) {
+            return Ok(merg::cpu::reduce::max_index(&v[a..b]).0 as u32);
+        }
+    }
+    Ok(row.argmax(0)?.to_scalar::<u32>()?)
 }
 
 /// Seconds since this process started, from `/proc/self/stat`'s start time and the boot clock

@@ -15,6 +15,7 @@ pub mod q4_k;
 pub mod q6_k;
 pub mod q8_0;
 pub mod quant;
+pub mod reduce;
 pub mod repack;
 pub mod roofline;
 pub mod team;

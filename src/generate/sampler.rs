@@ -10,6 +10,7 @@ use candle_core::Tensor;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 use super::{NonFiniteLogits, SamplingParams};
+use crate::cpu::reduce;
 
 pub struct Sampler {
     pub(super) params: SamplingParams,
@@ -80,10 +81,12 @@ impl Sampler {
             bail!("empty logits");
         }
         // One pass over the row being sampled: a reply must never be built on NaN.
-        if let Some(bad) = raw.iter().find(|x| !x.is_finite()) {
-            return Err(NonFiniteLogits(*bad).into());
+        if !reduce::all_finite(raw) {
+            let bad = raw.iter().copied().find(|x| !x.is_finite()).unwrap_or(f32::NAN);
+            return Err(NonFiniteLogits(bad).into());
         }
-        let lse = log_sum_exp(raw);
+        let (top, max) = reduce::max_index(raw);
+        let lse = max + reduce::sum_exp(raw, 1.0, max).ln() as f32;
         let masked;
         let pick_from = match allowed {
             Some(mask) => {
@@ -98,7 +101,8 @@ impl Sampler {
             None => raw,
         };
         let tok = match u {
-            None => argmax(pick_from),
+            None if allowed.is_none() => top as u32,
+            None => reduce::max_index(pick_from).0 as u32,
             Some(u) => {
                 let mut ranked = Ranked::new(pick_from);
                 let n = self.walk(&mut ranked, u);
@@ -116,7 +120,7 @@ impl Sampler {
         let w = |x: f32| ((x * inv_t - max) as f64).exp();
         // The normaliser over what top-k leaves (every token without top-k).
         let total: f64 = match limit == vocab {
-            true => order.logits.iter().map(|&x| w(x)).sum(),
+            true => reduce::sum_exp(order.logits, inv_t, max),
             false => (0..limit).map(|n| w(order.logit(n))).sum(),
         };
         let mut weight = |n: usize| w(order.logit(n));
@@ -197,20 +201,4 @@ pub fn check_mask(mask: &[bool]) -> Result<()> {
         bail!("the output constraint allows no token");
     }
     Ok(())
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn log_sum_exp(v: &[f32]) -> f32 {
-    let m = v.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let s: f64 = v.iter().map(|x| ((x - m) as f64).exp()).sum();
-    m + s.ln() as f32
 }
