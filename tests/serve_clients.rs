@@ -123,9 +123,12 @@ fn sigterm_finishes_in_flight_requests_and_exits_zero() {
 
 #[test]
 fn sigterm_cancels_what_outlives_the_grace_period_and_exits_zero() {
-    let mut s = Served::start(&["--shutdown-grace", "0.2", "--max-tokens", "2000"]);
+    // The stream has started when `stream_in_background` returns, and the grace is none:
+    // 2,000 tokens take the tiny model ~0.1 s on the 2-core box, far longer than the signal's
+    // way to the cancel. (A 0.1 s sleep before the signal and a 0.2 s grace were a race the
+    // model won once its embedding lookup stopped faulting pages in a token.)
+    let mut s = Served::start(&["--shutdown-grace", "0", "--max-tokens", "2000"]);
     let running = stream_in_background(&s.url, 2000);
-    std::thread::sleep(Duration::from_millis(100));
     s.sigterm();
     let (finish, done) = running.join().unwrap();
     assert_eq!((finish.as_str(), done), ("abort", true));

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+use crate::weights::mapped::MappedFile;
 use crate::weights::Mapped;
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -285,7 +286,7 @@ fn tensor_info(name: &str, ne: &[u64], ty: u32, offset: u64, data_start: u64, al
 pub struct GgufFile {
     pub path: PathBuf,
     pub header: Header,
-    map: std::sync::Arc<memmap2::Mmap>,
+    map: std::sync::Arc<MappedFile>,
 }
 
 impl GgufFile {
@@ -293,7 +294,7 @@ impl GgufFile {
         crate::input::regular_file(path, &crate::input::WEIGHTS)?;
         let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         // SAFETY: a read-only map of a file we never write; the same as the safetensors maps.
-        let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
+        let map = unsafe { MappedFile::map(file) }.with_context(|| format!("cannot map {}", path.display()))?;
         let header = Header::parse(&map).with_context(|| format!("{} is not a usable GGUF file", path.display()))?;
         Ok(GgufFile { path: path.to_path_buf(), header, map: std::sync::Arc::new(map) })
     }

@@ -249,7 +249,7 @@ mod tests {
         }
         std::io::Write::write_all(&mut f, &bytes)?;
         // SAFETY: a private temporary file nobody else writes.
-        let map = Arc::new(unsafe { memmap2::Mmap::map(&f)? });
+        let map = Arc::new(unsafe { crate::weights::mapped::MappedFile::map(f)? });
         Ok(ts.iter().zip(at).map(|(t, a)| {
             let (dt, len) = match (t.dtype(), q) {
                 (_, Some(q)) => (q, t.elem_count() / q.block_size() * q.type_size()),

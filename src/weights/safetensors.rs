@@ -12,6 +12,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
 use safetensors::tensor::{Dtype as StDtype, SafeTensors};
 
+use super::mapped::MappedFile;
 use super::{Expect, Mapped, WeightSource};
 
 /// The tensors of a safetensors file's bytes, checked to be complete and floating point;
@@ -68,7 +69,7 @@ impl SafetensorsWeights {
         for f in files {
             let file = std::fs::File::open(f).with_context(|| format!("cannot open weights {}", f.display()))?;
             // SAFETY: as above.
-            let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", f.display()))?);
+            let map = Arc::new(unsafe { MappedFile::map(file) }.with_context(|| format!("cannot map {}", f.display()))?);
             let st = SafeTensors::deserialize(&map).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
             let tensors = st.tensors();
             count += tensors.len();
