@@ -350,9 +350,8 @@ fn cpu_widened_bf16(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 fn packed<T: candle_core::WithDType>(x: &Tensor, (n, k): (usize, usize), matmul: impl Fn(&[T], usize, &mut [f32]), bias: Option<&Tensor>) -> Result<Tensor> {
     crate::cpu::note_kernel_run();
     let rows = packed_rows(x, k)?;
-    let xs: Vec<T> = super::host_vec(&x.to_dtype(T::DTYPE)?)?;
     let mut out = vec![0f32; rows * n];
-    matmul(&xs, rows, &mut out);
+    super::with_host_slice(x, |xs: &[T]| matmul(xs, rows, &mut out))?;
     packed_output(x, out, n, bias)
 }
 
@@ -368,7 +367,7 @@ fn packed_rows(x: &Tensor, k: usize) -> Result<usize> {
 /// dtype. The bias joins in f32 before the one rounding to bf16, as a bf16 `addmm` does.
 fn packed_output(x: &Tensor, mut out: Vec<f32>, n: usize, bias: Option<&Tensor>) -> Result<Tensor> {
     if let Some(b) = bias {
-        crate::cpu::elementwise::add_rows(&mut out, &super::host_vec::<f32>(&b.to_dtype(DType::F32)?)?);
+        super::with_host_slice(b, |b: &[f32]| crate::cpu::elementwise::add_rows(&mut out, b))?;
     }
     let mut shape = x.dims().to_vec();
     *shape.last_mut().expect("rank ≥ 1") = n;

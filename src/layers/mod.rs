@@ -76,6 +76,19 @@ pub fn host_vec<T: candle_core::WithDType>(x: &Tensor) -> Result<Vec<T>> {
     x.flatten_all()?.to_vec1()
 }
 
+/// `f` of `x`'s values as a host slice of `T`: borrowed where they lie when `x` is a
+/// contiguous CPU tensor of `T` (a decode step's activations; the copy `host_vec` makes cost an
+/// allocation and a pass for each of a step's ~150 products), else a converted copy.
+pub fn with_host_slice<T: candle_core::WithDType, R>(x: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
+    if x.dtype() == T::DTYPE && x.device().is_cpu() {
+        let (storage, layout) = x.storage_and_layout();
+        if let (candle_core::Storage::Cpu(cpu), Some((a, b))) = (&*storage, layout.contiguous_offsets()) {
+            return Ok(f(&T::cpu_storage_as_slice(cpu)?[a..b]));
+        }
+    }
+    Ok(f(&host_vec::<T>(&x.to_dtype(T::DTYPE)?)?))
+}
+
 /// `a + b` for tensors of one shape and dtype (a decoder layer's residual adds): on the CPU,
 /// contiguous f32 and bf16 go through `cpu::elementwise` (candle's bf16 add runs a few
 /// thousand values on the thread pool); anything else is candle's add.
