@@ -161,21 +161,32 @@ impl Sampler {
 
 /// Token ids in sampling order, ranked lazily: `at_full(n)` selects and sorts only the head up to
 /// `n` (each time at least four times the head before), so a walk that stops early costs one
-/// selection pass, not a sort of the vocabulary.
+/// selection pass, not a sort of the vocabulary. The selection runs over `candidates`, not
+/// the whole row: a selection with its indirect compare over 151,936 ids was ~0.3 ms of a
+/// sampled token on the 2-core Zen 5 box.
 struct Ranked<'a> {
     logits: &'a [f32],
+    /// Every id of the first `idx.len()` places (and maybe more): the whole row once `whole`.
     idx: Vec<u32>,
+    whole: bool,
     sorted: usize,
 }
 
+/// Values a run of the row has when its maxima bound the head (`candidates`).
+const RUN: usize = 64;
+
 impl<'a> Ranked<'a> {
     fn new(logits: &'a [f32]) -> Self {
-        Ranked { logits, idx: (0..logits.len() as u32).collect(), sorted: 0 }
+        Ranked { logits, idx: Vec::new(), whole: false, sorted: 0 }
     }
 
     fn at_full(&mut self, n: usize) -> u32 {
         if n >= self.sorted {
-            let want = (n + 1).max(self.sorted * 4).max(64).min(self.idx.len());
+            let want = (n + 1).max(self.sorted * 4).max(64).min(self.logits.len());
+            if want > self.idx.len() && !self.whole {
+                self.candidates(want);
+            }
+            let want = want.min(self.idx.len());
             let logits = self.logits;
             let order = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
             let rest = &mut self.idx[self.sorted..];
@@ -187,6 +198,24 @@ impl<'a> Ranked<'a> {
             self.sorted = want;
         }
         self.idx[n]
+    }
+
+    /// Makes `idx` hold every id of the first `want` places, ranking anew: the ids whose logit
+    /// reaches the `want`-th largest of the runs' maxima (those maxima are `want` values of
+    /// the row, so the `want`-th largest value is no lower, and every id of the first `want`
+    /// places passes; an id left out is below every one kept). The whole row when there are
+    /// too few runs. The order is the row's, so places already handed out stay where they were.
+    fn candidates(&mut self, want: usize) {
+        let logits = self.logits;
+        let mut maxima: Vec<f32> = logits.chunks(RUN).map(|c| c.iter().fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })).collect();
+        self.sorted = 0;
+        if maxima.len() <= want {
+            self.idx = (0..logits.len() as u32).collect();
+            self.whole = true;
+            return;
+        }
+        let (_, &mut bound, _) = maxima.select_nth_unstable_by(want - 1, |a, b| b.total_cmp(a));
+        self.idx = (0..logits.len() as u32).filter(|&i| logits[i as usize] >= bound).collect();
     }
 
     /// The logit at place `n` of the order.
@@ -201,4 +230,33 @@ pub fn check_mask(mask: &[bool]) -> Result<()> {
         bail!("the output constraint allows no token");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every place asked for, in a walk's order of asking, is the full sort's (value
+    /// descending, id ascending; quantized values tie, masked ones are −∞), and the first head
+    /// of a vocabulary-sized row is ranked among a few candidates, not the whole row.
+    #[test]
+    fn ranked_places_are_the_full_sorts() {
+        let mut rng = StdRng::seed_from_u64(5);
+        for vocab in [7, 64, 4095, 20_000, 151_936] {
+            // Ties on the smaller rows (values in eighths); distinct values on the large ones,
+            // where a bound too high would leave fewer than the head's 64 candidates.
+            let step = if vocab < 20_000 { 8.0 } else { 1e6 };
+            let mut logits: Vec<f32> = (0..vocab).map(|_| (rng.random::<f32>() * 8.0 * step).round() / step).collect();
+            logits.iter_mut().step_by(5).for_each(|x| *x = f32::NEG_INFINITY);
+            let mut full: Vec<u32> = (0..vocab as u32).collect();
+            full.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+            let mut ranked = Ranked::new(&logits);
+            for n in [0, 5, 63, 64, 255, 300, 1000, 70_000, vocab - 1].into_iter().filter(|&n| n < vocab) {
+                assert_eq!(ranked.at_full(n), full[n], "vocab {vocab}, place {n}");
+                if n == 0 && vocab >= 20_000 {
+                    assert!((64..vocab / 8).contains(&ranked.idx.len()), "vocab {vocab}: {} candidates for the first head", ranked.idx.len());
+                }
+            }
+        }
+    }
 }
