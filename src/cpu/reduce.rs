@@ -1,9 +1,9 @@
 //! Reductions over one logits row for the host sampler: the largest value and its first place,
 //! whether every value is finite, and a sum of exponentials. A row is a vocabulary long
 //! (151,936 values for Qwen2), and the sampler walked it value by value with `f64` `exp` once
-//! for the log-sum-exp and once more for a temperature's normaliser: 0.57 ms a greedy token and
-//! 1.5 ms a top-p one on the 2-core Zen 5 box (`benches/sampling.rs`), as long as a 0.5B
-//! model's whole decode step takes. Here the scans run sixteen lanes at a time (plain Rust the
+//! for the log-sum-exp and once more for a temperature's normaliser: 0.57-0.70 ms a greedy
+//! token and 1.5 ms a top-p one on the 2-core Zen 5 box (`benches/sampling.rs`), a tenth to a
+//! fifth of a 0.5B model's whole decode step. Here the scans run sixteen lanes at a time (plain Rust the
 //! compiler vectorizes at any level) and the exponentials through `elementwise::exp_sub_sum`.
 
 /// Lanes of the vectorized scans.
