@@ -467,11 +467,8 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
 /// model's ~8 ms step on the 2-core Zen 5 box (llama-bench, beside it, samples nothing).
 fn greedy(logits: &candle_core::Tensor) -> Result<u32> {
     let row = logits.squeeze(0)?;
-    {
-        let (storage, layout) = row.storage_and_layout();
-        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) = (&*storage, layout.contiguous_offsets()) {
-            return Ok(merg::cpu::reduce::max_index(&v[a..b]).0 as u32);
-        }
+    if row.device().is_cpu() {
+        return Ok(merg::layers::with_host_slice(&row, |v: &[f32]| merg::cpu::reduce::max_index(v).0 as u32)?);
     }
     Ok(row.argmax(0)?.to_scalar::<u32>()?)
 }
