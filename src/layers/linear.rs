@@ -174,41 +174,61 @@ impl Linear {
     }
 }
 
-/// Several linears over the same input (q/k/v, gate/up) computed as one product where their
-/// weights can be joined: one parallel pass and one weight stream per step instead of several
-/// (a 0.5B decode step has 168 products otherwise, each a fork-join of the thread pool).
+/// Several linears over the same input (q/k/v, gate/up) computed as few products as their
+/// weights allow: each run of neighbouring parts whose weights join is one product, one
+/// parallel pass and one weight stream per step instead of several (a 0.5B decode step has 168
+/// products otherwise, each a fork-join of the thread pool). A Q4_K_M file often stores v in
+/// another block type than q and k: q and k still join, v is a product of its own.
 #[derive(Clone, Debug)]
-pub enum Fused {
-    /// The joined layer and each part's output width.
-    One(Linear, Vec<usize>),
-    Parts(Vec<Linear>),
+pub struct Fused {
+    /// Each run's joined layer and its parts' output widths.
+    runs: Vec<(Linear, Vec<usize>)>,
 }
 
 impl Fused {
     pub fn new(parts: Vec<Linear>) -> Result<Self> {
-        Ok(match Linear::concat(&parts)? {
-            Some(one) => Fused::One(one, parts.iter().map(Linear::out_dim).collect::<Result<_>>()?),
-            None => Fused::Parts(parts),
-        })
+        let mut runs = vec![];
+        let mut start = 0;
+        while start < parts.len() {
+            // The longest run from `start` that joins (a failed join copies nothing).
+            let mut end = parts.len();
+            let joined = loop {
+                if end == start + 1 {
+                    break parts[start].clone();
+                }
+                if let Some(one) = Linear::concat(&parts[start..end])? {
+                    break one;
+                }
+                end -= 1;
+            };
+            runs.push((joined, parts[start..end].iter().map(Linear::out_dim).collect::<Result<_>>()?));
+            start = end;
+        }
+        Ok(Fused { runs })
+    }
+
+    /// Products a forward runs (1 when every part joined).
+    pub fn products(&self) -> usize {
+        self.runs.len()
     }
 
     /// Each part's output, in order.
     pub fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
-        match self {
-            Fused::Parts(parts) => parts.iter().map(|p| p.forward(x)).collect(),
-            Fused::One(one, widths) => {
-                let y = one.forward(x)?;
-                let last = y.rank() - 1;
-                let mut start = 0;
-                widths
-                    .iter()
-                    .map(|&w| {
-                        start += w;
-                        y.narrow(last, start - w, w)
-                    })
-                    .collect()
+        let mut outs = vec![];
+        for (one, widths) in &self.runs {
+            let y = one.forward(x)?;
+            if widths.len() == 1 {
+                outs.push(y);
+                continue;
+            }
+            let last = y.rank() - 1;
+            let mut start = 0;
+            for &w in widths {
+                outs.push(y.narrow(last, start, w)?);
+                start += w;
             }
         }
+        Ok(outs)
     }
 }
 
@@ -518,6 +538,37 @@ mod tests {
             let err = (got.to_dtype(DType::F32)?.reshape((m, n))? - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
             let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(err <= scale / 128.0, "{m} rows: bf16 prefill differs by {err} (scale {scale})");
+        }
+        Ok(())
+    }
+
+    /// Parts whose weights join run as one product; a neighbour of another block type (a
+    /// Q4_K_M file's Q8_0 v beside Q5_0 q and k) is a product of its own, the q and k before it
+    /// still one. Every part's output equals its own layer's, bit for bit.
+    #[test]
+    fn neighbours_that_join_are_one_product_and_each_part_is_its_own_layer() -> Result<()> {
+        use candle_core::quantized::GgmlDType;
+        let k = 64;
+        let q = |seed: u64, n: usize, dt: GgmlDType| -> Result<Linear> {
+            let w = QTensor::quantize(&crate::testing::randn(seed, (n, k), 0.3)?, dt)?;
+            Linear::quantized(Arc::new(w), Some(crate::testing::randn(seed + 100, n, 0.3)?))
+        };
+        let parts = vec![q(11, 32, GgmlDType::Q5_0)?, q(12, 16, GgmlDType::Q5_0)?, q(13, 16, GgmlDType::Q8_0)?];
+        let fused = Fused::new(parts.clone())?;
+        // Where a packed kernel holds both types, q and k join and v stands apart; where
+        // candle's kernels run them nothing joins.
+        let packed = crate::cpu::quant::has_kernel(GgmlDType::Q5_0) && crate::cpu::quant::has_kernel(GgmlDType::Q8_0);
+        assert_eq!(fused.products(), if packed { 2 } else { 3 });
+        let same = Fused::new(vec![q(14, 16, GgmlDType::Q8_0)?, q(15, 16, GgmlDType::Q8_0)?])?;
+        assert_eq!(same.products(), if packed { 1 } else { 2 });
+        for rows in [1, 5] {
+            let x = crate::testing::randn(16 + rows as u64, (rows, k), 1.)?;
+            let outs = fused.forward(&x)?;
+            assert_eq!(outs.len(), 3);
+            for (i, (o, p)) in outs.iter().zip(&parts).enumerate() {
+                let (got, want) = (o.to_vec2::<f32>()?, p.forward(&x)?.to_vec2::<f32>()?);
+                assert_eq!(got, want, "{rows} rows: part {i}");
+            }
         }
         Ok(())
     }
