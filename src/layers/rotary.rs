@@ -85,12 +85,40 @@ impl Rotary {
 
     /// Rotates the first `rotary_dim` channels of `x: [T, heads, head_dim]`; the rest pass.
     pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        if let Some(y) = self.host(x, cos, sin)? {
+            return Ok(y);
+        }
         let d = x.dim(2)?;
         if self.rotary_dim == d {
             return apply_rope(x, cos, sin);
         }
         let rot = apply_rope(&x.narrow(2, 0, self.rotary_dim)?, cos, sin)?;
         Tensor::cat(&[&rot, &x.narrow(2, self.rotary_dim, d - self.rotary_dim)?], 2)
+    }
+}
+
+impl Rotary {
+    /// `apply` in one pass over host memory for a contiguous f32 or bf16 `x` on the CPU (the
+    /// same values: f32 arithmetic as candle's `rope_thd`, bf16 widened and rounded once); a
+    /// decode step spent more in the tensor ops around candle's kernel (the lift to a batch of
+    /// one, the copy, the squeeze) than in the rotation. `None`: not such a tensor.
+    fn host(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Option<Tensor>> {
+        let (t, heads, d) = x.dims3()?;
+        let half = self.rotary_dim / 2;
+        let ok_tables = cos.dims() == [t, half] && sin.dims() == [t, half] && cos.dtype() == DType::F32 && sin.dtype() == DType::F32;
+        if !crate::cpu::host_paths(x.device()) || !x.is_contiguous() || !ok_tables || !matches!(x.dtype(), DType::F32 | DType::BF16) || self.rotary_dim > d {
+            return Ok(None);
+        }
+        crate::cpu::note_kernel_run();
+        let mut out = vec![0f32; t * heads * d];
+        super::with_host_slice(cos, |c: &[f32]| {
+            super::with_host_slice(sin, |s: &[f32]| super::with_host_slice(x, |xs: &[f32]| crate::cpu::elementwise::rope(xs, c, s, heads, d, self.rotary_dim, &mut out)))
+        })???;
+        let y = Tensor::from_vec(out, (t, heads, d), x.device())?;
+        match x.dtype() {
+            DType::F32 => Ok(Some(y)),
+            dt => Ok(Some(y.to_dtype(dt)?)),
+        }
     }
 }
 
@@ -146,6 +174,35 @@ mod tests {
                 }
                 assert_eq!(&yv[i][h][rd..], &xv[i][h][rd..]);
             }
+        }
+        Ok(())
+    }
+
+    /// The host pass gives candle's `rope_thd` values bit for bit, full and partial rotary,
+    /// f32 and bf16, one token and several; a strided input takes candle's path.
+    #[test]
+    fn the_host_pass_is_candles_rotation_bit_for_bit() -> Result<()> {
+        let dev = Device::Cpu;
+        if !crate::cpu::host_paths(&dev) {
+            return Ok(());
+        }
+        for (t, rd) in [(1, 64), (5, 64), (3, 32)] {
+            let rope = Rotary::new(rd, 1e6, &RotaryLayout::OneD);
+            let pos: Vec<i64> = (0..t as i64).map(|i| 37 * i + 11).collect();
+            let (cos, sin) = rope.tables(&[pos.clone(), pos.clone(), pos], &dev)?;
+            for dt in [DType::F32, DType::BF16] {
+                let x = crate::testing::randn(102 + t as u64, (t, 3, 64), 2.)?.to_dtype(dt)?;
+                let want = match rd {
+                    64 => apply_rope(&x, &cos, &sin)?,
+                    _ => Tensor::cat(&[&apply_rope(&x.narrow(2, 0, rd)?, &cos, &sin)?, &x.narrow(2, rd, 64 - rd)?], 2)?,
+                };
+                let got = rope.host(&x, &cos, &sin)?.expect("a contiguous CPU tensor takes the host pass");
+                let bits = |y: &Tensor| -> Result<Vec<u32>> { Ok(y.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.iter().map(|v| v.to_bits()).collect()) };
+                assert_eq!(bits(&got)?, bits(&want)?, "{t} tokens, rotary {rd}, {dt:?}");
+                assert_eq!(got.dtype(), dt);
+            }
+            let strided = crate::testing::randn(104, (3, t, 64), 1.)?.transpose(0, 1)?;
+            assert_eq!(rope.host(&strided, &cos, &sin)?.is_none(), t > 1, "{t} tokens: strided unless one token");
         }
         Ok(())
     }
