@@ -1,8 +1,9 @@
 //! The storage and driver shared by the packed-weight kernels (`bf16`, `q8_0`, `q4_k`): a weight
 //! `[n, k]` is stored as panels of 16 rows, each panel one contiguous run of 64-byte lines whose
 //! 32-bit lane `r` belongs to the panel's row `r`. A product `x[m, k] · wᵀ` walks the panels
-//! across the thread team (`team`) — one contiguous run of panels per thread at batch 1, so each core streams one
-//! sequential range that the hardware prefetchers follow — and within a panel takes the
+//! across the thread team (`team`) — one contiguous share of panels per thread at batch 1, so
+//! each core streams one sequential range that the hardware prefetchers follow, the thread
+//! done first taking runs off the other's tail (`team::split`) — and within a panel takes the
 //! activation rows eight at a time, so a panel (tens of KiB) is read from memory once and
 //! re-read from the core's cache for the other rows: the same code is decode (m = 1),
 //! batched decode and prefill.
@@ -264,14 +265,13 @@ pub fn run(n: usize, m: usize, out: &mut [f32], kernel: impl Fn(usize, usize, us
 pub fn run_pairs(n: usize, m: usize, out: &mut [f32], kernel: impl Fn(usize, usize, usize, &mut [f32]) + Sync, pair: Option<impl Fn(usize, usize, usize, &mut [f32], &mut [f32]) + Sync>) {
     assert!(out.len() >= m * n, "panel product: output shorter than [{m}, {n}]");
     let panels = n.div_ceil(PANEL);
-    let per_task = super::matvec::rows_per_task(panels, m).min(panels).max(1);
     let rows = Rows(out.as_mut_ptr());
-    // Each pass lands in a zeroed scratch of at most PASS_ROWS × 16 values per panel and goes
-    // straight to its rows of `out` while in L1 (a [m][panels][16] buffer for the whole
-    // product cost a memset and a copy of the output through memory: at prefill, output
-    // bytes ÷ weight bytes is m ÷ k-ish, a few % of a bf16 product).
-    super::team::run(panels.div_ceil(per_task), &|c| {
-        let (first, end) = (c * per_task, ((c + 1) * per_task).min(panels));
+    // Panels `first..end` against all `m` rows. Each pass lands in a zeroed scratch of at most
+    // PASS_ROWS × 16 values per panel and goes straight to its rows of `out` while in L1 (a
+    // [m][panels][16] buffer for the whole product cost a memset and a copy of the output
+    // through memory: at prefill, output bytes ÷ weight bytes is m ÷ k-ish, a few % of a bf16
+    // product).
+    let walk = |first: usize, end: usize| {
         // A long prompt's activations go ROW_BLOCK rows at a time through all of the task's
         // panels, so those rows stay in cache while the panels stream; one pass over all `m`
         // rows per panel re-read the whole activation matrix (90 MB of f32 at a 2,048-token
@@ -294,8 +294,8 @@ pub fn run_pairs(n: usize, m: usize, out: &mut [f32], kernel: impl Fn(usize, usi
                         let cols = PANEL.min(n - (p + i) * PANEL);
                         for j in 0..mg {
                             // SAFETY: row `g + j`'s columns of panel `p + i` lie inside `out`
-                            // (asserted `m · n` long) and belong to this task alone, and `out`
-                            // is borrowed mutably until `run` returns, after every task.
+                            // (asserted `m · n` long) and belong to this run alone, and `out`
+                            // is borrowed mutably until `run` returns, after every run.
                             unsafe { rows.write((g + j) * n + (p + i) * PANEL, &r[j * PANEL..j * PANEL + cols]) };
                         }
                     }
@@ -303,7 +303,18 @@ pub fn run_pairs(n: usize, m: usize, out: &mut [f32], kernel: impl Fn(usize, usi
                 p += if pair.is_some() { 2 } else { 1 };
             }
         }
-    });
+    };
+    if m == 1 {
+        // One row (decode): each thread streams its own share of the panels, in runs of whole
+        // pairs, about sixteen to a share, so the thread done first takes the other's tail
+        // (`team::split`).
+        let threads = rayon::current_num_threads().max(1);
+        let grain = panels.div_ceil(threads * 16).max(4).next_multiple_of(2);
+        super::team::split(panels, grain, &walk);
+        return;
+    }
+    let per_task = super::matvec::rows_per_task(panels, m).min(panels).max(1);
+    super::team::run(panels.div_ceil(per_task), &|c| walk(c * per_task, ((c + 1) * per_task).min(panels)));
 }
 
 /// The output's base pointer, shared by the tasks, which write disjoint columns of it.

@@ -11,9 +11,36 @@ const LANES: usize = 16;
 /// Values whose exponentials are summed in `f32` before the running `f64` sum takes them.
 const RUN: usize = 256;
 
+/// Values past which `max_index` splits the row across the thread team.
+const TEAM_MIN: usize = 1 << 15;
+
 /// The first place of the row's largest value, and that value (NaNs never win; an empty row
-/// or one of NaNs only gives place 0 and −∞).
+/// or one of NaNs only gives place 0 and −∞). A vocabulary-long row is scanned by every thread
+/// of the team, each over its share (the halves the output head's product wrote on each core,
+/// so each reads its own cache), and the shares' winners compared in order.
 pub fn max_index(v: &[f32]) -> (usize, f32) {
+    let threads = rayon::current_num_threads();
+    if v.len() < TEAM_MIN || threads < 2 {
+        return max_index_in(v);
+    }
+    let grain = v.len().div_ceil(threads * 4);
+    let wins: Vec<std::sync::atomic::AtomicU64> = (0..v.len().div_ceil(grain)).map(|_| std::sync::atomic::AtomicU64::new(0)).collect();
+    super::team::split(v.len(), grain, &|a, b| {
+        let (at, max) = max_index_in(&v[a..b]);
+        wins[a / grain].store((max.to_bits() as u64) << 32 | at as u64, std::sync::atomic::Ordering::Relaxed);
+    });
+    // The first share whose winner is the row's largest value (a share of NaNs only names a
+    // place that does not hold its −∞, and never wins).
+    let wins: Vec<(usize, f32)> = wins.iter().enumerate().map(|(c, w)| {
+        let w = w.load(std::sync::atomic::Ordering::Relaxed);
+        (c * grain + (w & 0xffff_ffff) as usize, f32::from_bits((w >> 32) as u32))
+    }).collect();
+    let max = wins.iter().fold(f32::NEG_INFINITY, |m, &(_, x)| if x > m { x } else { m });
+    wins.into_iter().find(|&(at, x)| x == max && v[at] == max).unwrap_or((0, max))
+}
+
+/// `max_index` of a slice on this thread.
+fn max_index_in(v: &[f32]) -> (usize, f32) {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let chunks = v.chunks_exact(LANES);
     let tail = chunks.remainder();
@@ -100,5 +127,32 @@ mod tests {
         }
         assert_eq!(max_index(&[]), (0, f32::NEG_INFINITY));
         assert_eq!(max_index(&[f32::NAN, 2.0, f32::NAN, 3.0]), (3, 3.0));
+    }
+
+    /// A row split across the team gives the one-thread scan's answer: the largest value's
+    /// first place when it repeats in several shares, in the last share, a row of −∞, and a row
+    /// whose first shares are NaN only with a lone −∞ far on.
+    #[test]
+    fn a_row_split_across_the_team_gives_the_one_thread_answer() {
+        let len = 151_936;
+        let mut rng = StdRng::seed_from_u64(12);
+        let v: Vec<f32> = (0..len).map(|_| rng.random::<f32>() * 30.0 - 20.0).collect();
+        let mut cases = vec![];
+        let mut twice = v.clone();
+        (twice[len - 100], twice[len / 2 + 3], twice[1000]) = (60.0, 60.0, 59.0);
+        cases.push(("repeated", twice));
+        let mut last = v.clone();
+        last[len - 1] = 70.0;
+        cases.push(("last", last));
+        cases.push(("all −∞", vec![f32::NEG_INFINITY; len]));
+        let mut nans = vec![f32::NAN; len];
+        nans[len - 7] = f32::NEG_INFINITY;
+        cases.push(("NaN then −∞", nans));
+        for (what, v) in cases {
+            let (want, got) = (max_index_in(&v), max_index(&v));
+            assert_eq!(got.0, want.0, "{what}: place");
+            assert_eq!(got.1.to_bits(), want.1.to_bits(), "{what}: value");
+        }
+        assert_eq!(max_index(&vec![f32::NAN; len]), (0, f32::NEG_INFINITY));
     }
 }

@@ -119,6 +119,74 @@ pub fn chunks_mut<T: Send>(out: &mut [T], len: usize, body: impl Fn(usize, &mut 
     });
 }
 
+/// `body(a, b)` over `0..units` in runs of at most `grain` units, on every thread of the team:
+/// each thread walks its own contiguous share from the front and, once it is through, takes
+/// runs off the back of the share with the most left. A decode step's product split in fixed
+/// halves waited for the slower thread: on a 2-core Zen 5 VM the helper's half took ~9 % longer
+/// on average than the caller's (same bytes), and the caller spun through the difference
+/// (up to ~1 ms of a ~7 ms step while the host gave ~70 GB/s). Shares stay sequential streams
+/// for the prefetchers except at their tails.
+pub fn split(units: usize, grain: usize, body: &(dyn Fn(usize, usize) + Sync)) {
+    let grain = grain.max(1);
+    let chunks = units.div_ceil(grain);
+    let threads = rayon::current_num_threads().clamp(1, chunks.max(1));
+    if threads == 1 {
+        if units > 0 {
+            body(0, units);
+        }
+        return;
+    }
+    let shares: Vec<Share> = (0..threads).map(|t| Share::new(t * chunks / threads, (t + 1) * chunks / threads)).collect();
+    let chunk = |c: usize| body(c * grain, ((c + 1) * grain).min(units));
+    run(threads, &|t| {
+        while let Some(c) = shares[t].front() {
+            chunk(c);
+        }
+        while let Some(v) = (0..threads).filter(|&v| v != t).max_by_key(|&v| shares[v].left()).filter(|&v| shares[v].left() > 0) {
+            if let Some(c) = shares[v].back() {
+                chunk(c);
+            }
+        }
+    });
+}
+
+/// A thread's share of `split`'s runs: `front << 32 | back`, the runs `front..back` not yet
+/// taken (the owner takes the front, others the back), on a cache line of its own.
+#[repr(align(64))]
+struct Share(AtomicU64);
+
+impl Share {
+    fn new(front: usize, back: usize) -> Share {
+        Share(AtomicU64::new((front as u64) << 32 | back as u64))
+    }
+
+    fn left(&self) -> usize {
+        let w = self.0.load(Relaxed);
+        ((w & 0xffff_ffff) as usize).saturating_sub((w >> 32) as usize)
+    }
+
+    /// Takes the first run left.
+    fn front(&self) -> Option<usize> {
+        self.take(|f, b| (f < b).then(|| (f, (f + 1) << 32 | b)))
+    }
+
+    /// Takes the last run left.
+    fn back(&self) -> Option<usize> {
+        self.take(|f, b| (f < b).then(|| (b - 1, f << 32 | (b - 1))))
+    }
+
+    fn take(&self, next: impl Fn(u64, u64) -> Option<(u64, u64)>) -> Option<usize> {
+        let mut w = self.0.load(Relaxed);
+        loop {
+            let (run, to) = next(w >> 32, w & 0xffff_ffff)?;
+            match self.0.compare_exchange_weak(w, to, Acquire, Relaxed) {
+                Ok(_) => return Some(run as usize),
+                Err(now) => w = now,
+            }
+        }
+    }
+}
+
 impl Team {
     /// Posts the job, takes part, waits for every task; whether one panicked.
     fn job(&self, tasks: usize, body: &(dyn Fn(usize) + Sync)) -> bool {
@@ -247,6 +315,41 @@ mod tests {
                 });
             }
         });
+    }
+
+    /// `split` covers every unit once, in runs of at most `grain` that never cross a run
+    /// boundary, for unit counts on and off the grain and fewer runs than threads.
+    #[test]
+    fn split_covers_every_unit_once() {
+        for (units, grain) in [(0, 4), (1, 4), (3, 4), (9496, 298), (56, 4), (57, 4), (1000, 1), (7, 100)] {
+            let hits: Vec<AtomicUsize> = (0..units).map(|_| AtomicUsize::new(0)).collect();
+            split(units, grain, &|a, b| {
+                assert!(a < b && b <= units && b - a <= grain.max(1) && (a % grain.max(1) == 0 || grain >= units), "{units}/{grain}: run {a}..{b}");
+                (a..b).for_each(|i| {
+                    hits[i].fetch_add(1, Relaxed);
+                });
+            });
+            assert!(hits.iter().all(|h| h.load(Relaxed) == 1), "{units} units, grain {grain}");
+        }
+    }
+
+    /// A share's front and back never hand out one run twice, however the two ends race.
+    #[test]
+    fn a_shares_two_ends_never_take_one_run_twice() {
+        let share = Share::new(3, 20_003);
+        let taken: Vec<AtomicUsize> = (0..20_003).map(|_| AtomicUsize::new(0)).collect();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while let Some(c) = share.front() {
+                    taken[c].fetch_add(1, Relaxed);
+                }
+            });
+            while let Some(c) = share.back() {
+                taken[c].fetch_add(1, Relaxed);
+            }
+        });
+        assert_eq!(share.left(), 0);
+        assert!(taken[..3].iter().all(|t| t.load(Relaxed) == 0) && taken[3..].iter().all(|t| t.load(Relaxed) == 1));
     }
 
     #[test]
