@@ -80,8 +80,9 @@ impl Kv {
 
 /// A zero tensor whose host pages are already written: a fresh zeroed allocation is mapped
 /// page by page as it is first written, and a decode step that wrote the next row of each
-/// layer's K and V took a page fault every few tokens per buffer (64 a token every eight
-/// tokens on the 0.5B shape; llama.cpp clears its K/V buffer when it makes it).
+/// layer's K and V took a page fault every few tokens per buffer (48 every eight tokens on
+/// the 0.5B shape: 24 layers' K and V, eight 512-byte rows a page; llama.cpp clears its K/V
+/// buffer when it makes it).
 fn touched_zeros(dims: Vec<usize>, dtype: DType, device: &Device) -> Result<Tensor> {
     let shape = Shape::from(dims);
     if !device.is_cpu() {
