@@ -142,7 +142,8 @@ pub fn split(units: usize, grain: usize, body: &(dyn Fn(usize, usize) + Sync)) {
         while let Some(c) = shares[t].front() {
             chunk(c);
         }
-        while let Some(v) = (0..threads).filter(|&v| v != t).max_by_key(|&v| shares[v].left()).filter(|&v| shares[v].left() > 0) {
+        // The fullest other share, until none has a run left.
+        while let Some((v, _)) = (0..threads).filter(|&v| v != t).map(|v| (v, shares[v].left())).filter(|&(_, left)| left > 0).max_by_key(|&(_, left)| left) {
             if let Some(c) = shares[v].back() {
                 chunk(c);
             }

@@ -190,7 +190,7 @@ impl Fused {
         let mut runs = vec![];
         let mut start = 0;
         while start < parts.len() {
-            // The longest run from `start` that joins (a failed join copies nothing).
+            // The longest run from `start` that joins (a failed join copies no weight).
             let mut end = parts.len();
             let joined = loop {
                 if end == start + 1 {

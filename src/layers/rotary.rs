@@ -95,9 +95,7 @@ impl Rotary {
         let rot = apply_rope(&x.narrow(2, 0, self.rotary_dim)?, cos, sin)?;
         Tensor::cat(&[&rot, &x.narrow(2, self.rotary_dim, d - self.rotary_dim)?], 2)
     }
-}
 
-impl Rotary {
     /// `apply` in one pass over host memory for a contiguous f32 or bf16 `x` on the CPU (the
     /// same values: f32 arithmetic as candle's `rope_thd`, bf16 widened and rounded once); a
     /// decode step spent more in the tensor ops around candle's kernel (the lift to a batch of
