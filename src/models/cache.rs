@@ -125,7 +125,8 @@ impl StepCache for DenseCache {
         // Keys no query of the step sees (out of every window) are left out.
         let first = vis.first_key(past, t);
         // One new token seeing all its keys: the CPU kernel the engine's decode uses, in place.
-        let fast = match t == 1 && (first..s).all(|j| vis.sees(past, j)) {
+        // Without spans every key from `first` is in the window (no check over the keys).
+        let fast = match t == 1 && (vis.spans.is_empty() || (first..s).all(|j| vis.sees(past, j))) {
             true if crate::cpu::host_paths(q.device()) => {
                 let slots: Vec<u32> = (first as u32..s as u32).collect();
                 let (kf, vf) = (k_all.reshape((s, kvh * d))?, v_all.reshape((s, kvh * d))?);
