@@ -45,6 +45,8 @@ enum Cmd {
 fn main() -> ExitCode {
     // Before any thread: the heap's freed buffers are shared by every thread (memory.rs says why).
     merg::memory::one_malloc_arena();
+    // Before any thread too: candle's products read the thread count from the environment.
+    merg::cpu::name_thread_count();
     // Every command runs its model steps on this thread.
     merg::cpu::adopt_thread();
     // Negative numbers reach the value's own rule ("--top-p -1: must be in (0, 1]") instead

@@ -56,6 +56,21 @@ pub fn adopt_thread() {
     }
 }
 
+/// Names the thread count in `RAYON_NUM_THREADS` when the environment does not: the count
+/// rayon's pool takes anyway (the machine's available parallelism), so nothing changes size.
+/// candle's CPU matmul asks for its thread count on every product, and without the variable
+/// it counts the physical cores from `/proc/cpuinfo` each time: about 130 µs a product on a
+/// 2-core VM, where prefill attention runs two products per layer and query block (~2 % of
+/// a 256-token prefill of the 0.5B shape). Its products then also use the pool's threads
+/// rather than one per physical core. Call before any thread starts (the environment is
+/// process-wide); a program embedding merg decides for itself.
+pub fn name_thread_count() {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+}
+
 /// The instruction-set level the kernels run at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
