@@ -7,10 +7,11 @@
 //! rows, so decode and prefill give a row the same numbers (the prefix cache relies on it):
 //! Q4_K and Q5_K (`q4k8`: one widening multiply per sub-block for eight rows instead of one per
 //! row), Q6_K (`q6k8`) and the 32-value formats (`rows8`: the file's blocks regrouped, eight
-//! rows' dots scaled and summed as one vector). Products walk 16-row panels across the thread
-//! team with `panels::run`, so a panel stays in the core's cache while every activation row
-//! passes over it; `simd` holds the pieces the kernels share, `kquants` the k-quants' packed
-//! sub-block scales.
+//! rows' dots scaled and summed as one vector; at the AVX-512 level with VNNI a 16-row panel's
+//! two groups with their blocks alternating, one 512-bit pass for both). Products walk 16-row
+//! panels across the thread team with `panels::run`, so a panel stays in the core's cache
+//! while every activation row passes over it; `simd` holds the pieces the kernels share,
+//! `kquants` the k-quants' packed sub-block scales.
 
 pub mod act;
 mod kquants;
@@ -101,6 +102,32 @@ fn vnni() -> bool {
     super::q8_0::available() && std::is_x86_feature_detected!("avx512vl") && std::is_x86_feature_detected!("avx512bw")
 }
 
+/// Whether `format` is held as 16-row panels whose two groups' blocks alternate
+/// (`rows8::interleave`): the 4/5-bit 32-value formats where `vnni()` holds, whose 512-bit pass
+/// takes every activation row count, decode included.
+fn paired(format: Format) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        matches!(format, Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1) && vnni()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = format;
+        false
+    }
+}
+
+/// Rows every part of a joined weight but the last must be a whole number of (`concat`; the
+/// packed copy of `pack_groups` takes its groups one by one): a panel where `paired`, else a
+/// group.
+fn join_rows(format: Format) -> usize {
+    if paired(format) {
+        PANEL
+    } else {
+        GROUP_ROWS
+    }
+}
+
 /// A weight `[n, k]` as groups of eight interleaved rows of one block format (`q4k8`, `q6k8`,
 /// `rows8`: the file's blocks regrouped), on huge pages.
 pub struct PackedBlocks {
@@ -149,13 +176,34 @@ impl PackedBlocks {
     }
 
     /// A grouped weight from `group(g, out)`, which writes group `g` as `pack_group` does: one
-    /// part per group, written by the worker that packs it; a mapped source's rows behind each
-    /// band are released as it goes (`pages::copied`).
+    /// part per group (per panel where `paired`), written by the worker that packs it; a
+    /// mapped source's rows behind each band are released as it goes (`pages::copied`).
     pub fn pack_groups(format: Format, n: usize, k: usize, group: impl Fn(usize, &mut [u8]) + Sync) -> PackedBlocks {
-        let part = Self::held_bytes(format, GROUP_ROWS, k);
+        let unit = join_rows(format);
+        let part = Self::held_bytes(format, unit, k);
         let band = (super::pages::BAND_BYTES / part).max(1);
-        let data = super::pages::weight_filled(Self::held_bytes(format, n, k), part, band, 0u8, group, |done| super::pages::copied((done * GROUP_ROWS).min(n), n));
+        let fill = |i: usize, out: &mut [u8]| match unit {
+            PANEL => Self::panel_into(format, n, k, i, out, &group),
+            _ => group(i, out),
+        };
+        let data = super::pages::weight_filled(Self::held_bytes(format, n, k), part, band, 0u8, fill, |done| super::pages::copied((done * unit).min(n), n));
         PackedBlocks { format, n, k, data }
+    }
+
+    /// Panel `p`'s groups (those with rows below `n`) from `group` into `out` (zeros) as this
+    /// level holds them: one after the other, or interleaved where `paired`.
+    fn panel_into(format: Format, n: usize, k: usize, p: usize, out: &mut [u8], group: &(impl Fn(usize, &mut [u8]) + Sync)) {
+        let gb = Self::group_bytes(format, k);
+        let mut staged = if paired(format) { vec![0u8; PANEL / GROUP_ROWS * gb] } else { vec![] };
+        let groups = if paired(format) { &mut staged[..] } else { &mut *out };
+        for (h, g) in groups.chunks_exact_mut(gb).take(PANEL / GROUP_ROWS).enumerate() {
+            if (p * PANEL / GROUP_ROWS + h) * GROUP_ROWS < n {
+                group(p * PANEL / GROUP_ROWS + h, g);
+            }
+        }
+        if paired(format) {
+            rows8::interleave(format, k, &staged, out);
+        }
     }
 
     /// `pack_groups(format, n, k, group).matmul(x, m, out)` without the packed copy, the same
@@ -164,18 +212,14 @@ impl PackedBlocks {
     pub fn matmul_staged(format: Format, n: usize, k: usize, group: impl Fn(usize, &mut [u8]) + Sync, x: &[f32], m: usize, out: &mut [f32]) {
         assert!(available(), "PackedBlocks::matmul_staged needs AVX2, FMA and F16C");
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedBlocks::matmul_staged: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
-        let gb = Self::held_bytes(format, GROUP_ROWS, k);
+        let gb = Self::group_bytes(format, k);
         let per_panel = (PANEL / GROUP_ROWS * gb).div_ceil(64);
         let staged = super::panels::Staged::new(per_panel, |p, lines: &mut [super::panels::Line]| {
             // SAFETY: a Line is 64 plain bytes; the lines hold `per_panel · 64` bytes.
             let bytes = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, lines.len() * 64) };
-            for (h, out) in bytes.chunks_exact_mut(gb).take(PANEL / GROUP_ROWS).enumerate() {
-                let g = p * PANEL / GROUP_ROWS + h;
-                if g * GROUP_ROWS < n {
-                    out.fill(0);
-                    group(g, out);
-                }
-            }
+            let held = &mut bytes[..PANEL / GROUP_ROWS * gb];
+            held.fill(0);
+            Self::panel_into(format, n, k, p, held, &group);
         });
         grouped_product(format, n, k, x, m, out, |p, f| {
             staged.with(p, |lines| {
@@ -190,7 +234,17 @@ impl PackedBlocks {
         match format {
             Format::Q4K | Format::Q5K => q4k8::bytes(format == Format::Q5K, n, k),
             Format::Q6K => q6k8::bytes(n, k),
+            f if paired(f) => n.div_ceil(PANEL) * rows8::panel_bytes(f, k),
             f => rows8::bytes(f, n, k),
+        }
+    }
+
+    /// Bytes of one group of eight rows of `k` values (half a panel where `paired`).
+    fn group_bytes(format: Format, k: usize) -> usize {
+        match format {
+            Format::Q4K | Format::Q5K => q4k8::bytes(format == Format::Q5K, GROUP_ROWS, k),
+            Format::Q6K => q6k8::bytes(GROUP_ROWS, k),
+            f => rows8::group_bytes(f, k),
         }
     }
 
@@ -213,13 +267,13 @@ impl PackedBlocks {
     }
 
     /// The parts' rows one after another (q/k/v, gate/up); `None` unless they share the
-    /// format and `k` and every part but the last is whole groups).
+    /// format and `k` and every part but the last is whole groups (`join_rows`).
     pub fn concat(parts: &[&PackedBlocks]) -> Option<PackedBlocks> {
         let first = parts.first()?;
         if parts.iter().any(|p| p.format != first.format || p.k != first.k) {
             return None;
         }
-        if parts[..parts.len() - 1].iter().any(|p| !p.n.is_multiple_of(GROUP_ROWS)) {
+        if parts[..parts.len() - 1].iter().any(|p| !p.n.is_multiple_of(join_rows(first.format))) {
             return None;
         }
         let data = super::pages::weight_concat(&parts.iter().map(|p| &*p.data).collect::<Vec<_>>());
@@ -232,7 +286,7 @@ impl PackedBlocks {
         assert!(available(), "PackedBlocks::matmul needs AVX2, FMA and F16C");
         let (n, k) = (self.n, self.k);
         assert!(x.len() >= m * k && out.len() >= m * n, "PackedBlocks::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
-        let gb = Self::held_bytes(self.format, GROUP_ROWS, k);
+        let gb = Self::group_bytes(self.format, k);
         grouped_product(self.format, n, k, x, m, out, |p, f| f(&self.data[p * PANEL / GROUP_ROWS * gb..]));
     }
 }
@@ -300,44 +354,36 @@ fn grouped_product(format: Format, n: usize, k: usize, x: &[f32], m: usize, out:
         });
     }
     let a = Q8::quantize(x, m, k);
-    // The 4/5-bit formats at the AVX-512 level: a whole panel's two groups a pass past one
-    // four-row pass (`rows8::panel`): on a Zen 5 VM, streaming a [32768, 2048] weight,
-    // 1.3-1.6× the groups' rate at 8 rows (1.4-1.5× at 5 on [131072, 896]; 1.5× at 256 rows
-    // in cache). Only past one four-row pass: the panel pass reads its two groups as two
-    // streams. With each group's prefetch following its own stream (`simd::avx2::paired`),
-    // Q5_K's pass (before it moved to `q4_k`'s panels) streamed a [131072, 1024] weight at
-    // 1.2× the 8-row kernel's rate for one row when the host gave ~75 GB/s, but at ~46 GB/s
-    // whole files decoded at 0.88-0.91× (0.5B, Q5_K_M and Q4_0 files).
-    #[cfg(target_arch = "x86_64")]
-    let wide = vnni() && format != Format::Q8_0 && m > 4;
-    #[cfg(not(target_arch = "x86_64"))]
-    let wide = false;
-    let panel_pass = |w0: *const u8, w1: *const u8, r0: usize, o: &mut [f32], rows: usize| {
+    // The 4/5-bit formats at the AVX-512 level: a whole interleaved panel a pass
+    // (`rows8::panel`), every activation row count. On a Zen 5 VM, 512-bit passes over a
+    // panel's two groups ran 1.3-1.6× the eight-row kernel's rate at 8 rows and 256 rows; for
+    // one row, with the groups held one after the other (two streams), a 0.5B Q4_K_M file
+    // decoded at 0.94× the eight-row kernel's rate.
+    let panel_pass = |w: *const u8, r0: usize, o: &mut [f32], rows: usize| {
         #[cfg(target_arch = "x86_64")]
-        rows8::panel(format, w0, w1, nb, &a, r0, o, PANEL, rows);
+        rows8::panel(format, w, nb, &a, r0, o, PANEL, rows);
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = (w0, w1, r0, o, rows);
+        let _ = (w, r0, o, rows);
     };
-    let wide: Option<PanelPass> = if wide { Some(&panel_pass) } else { None };
+    let wide: Option<PanelPass> = if paired(format) { Some(&panel_pass) } else { None };
     groups(format, n, k, m, out, panel, wide, |w, r0, o, rows| rows8_pass(format, w, nb, &a, r0, o, rows));
 }
 
-/// A pass over both groups of a panel: `(group 0, group 1, first_row, out, rows)`, for all
-/// of a pass's rows (at most `panels::PASS_ROWS`).
-type PanelPass<'a> = &'a (dyn Fn(*const u8, *const u8, usize, &mut [f32], usize) + Sync);
+/// A pass over an interleaved panel (`paired`): `(panel, first_row, out, rows)`, for all of a
+/// pass's rows (at most `panels::PASS_ROWS`).
+type PanelPass<'a> = &'a (dyn Fn(*const u8, usize, &mut [f32], usize) + Sync);
 
 /// The groups of eight interleaved rows: the two groups of each 16-row panel against the
 /// activation rows of a pass, four at a time; `pass(group, first_row, out, rows)` writes
-/// `out[r * 16 + lane]` for the group's eight rows, and `wide`, where given, both groups' of a
-/// panel that has two.
+/// `out[r * 16 + lane]` for the group's eight rows; `wide`, where given, takes each whole
+/// (interleaved) panel instead.
 #[allow(clippy::too_many_arguments)]
 fn groups(format: Format, n: usize, k: usize, m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[u8])) + Sync, wide: Option<PanelPass>, pass: impl Fn(*const u8, usize, &mut [f32], usize) + Sync) {
-    let group_bytes = PackedBlocks::held_bytes(format, GROUP_ROWS, k);
+    let group_bytes = PackedBlocks::group_bytes(format, k);
     super::panels::run(n, m, out, |p, g, mg, res| {
         panel(p, &mut |bytes| {
-            if let Some(wide) = wide.filter(|_| (p + 1) * PANEL - GROUP_ROWS < n) {
-                let (w0, w1) = (bytes[..group_bytes].as_ptr(), bytes[group_bytes..][..group_bytes].as_ptr());
-                return wide(w0, w1, g, res, mg);
+            if let Some(wide) = wide {
+                return wide(bytes[..2 * group_bytes].as_ptr(), g, res, mg);
             }
             for h in 0..PANEL / GROUP_ROWS {
                 if (p * PANEL / GROUP_ROWS + h) * GROUP_ROWS >= n {
@@ -408,6 +454,9 @@ mod tests {
             assert_eq!(got, all, "{f:?} joined");
             let odd = PackedBlocks::pack(f, &blocks, 5, k).unwrap();
             assert!(PackedBlocks::concat(&[&odd, &b]).is_none(), "{f:?}");
+            // Interleaved panels join only as whole panels.
+            let eight = PackedBlocks::pack(f, &blocks, 8, k).unwrap();
+            assert_eq!(PackedBlocks::concat(&[&eight, &b]).is_some(), join_rows(f) == GROUP_ROWS, "{f:?}");
         }
         Ok(())
     }

@@ -1,6 +1,5 @@
-//! The 32-value block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) eight rows at a time, with AVX2
-//! (at the AVX-512 level with VNNI the 4/5-bit dots take 256-bit `vpdpbusd`, the same sums in
-//! fewer instructions; Q8_0 there takes `q8_0`'s panels). In the file's layout each row is
+//! The 32-value block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) eight rows at a time with AVX2,
+//! sixteen at the AVX-512 level with VNNI (where Q8_0 takes `q8_0`'s panels). In the file's layout each row is
 //! dotted on its own: per block of 32 values a row pays for its integer dot and then, alone,
 //! for converting it, loading and multiplying its scale, one FMA and its offset term, and each
 //! row ends in a horizontal sum (on a 0.5B model's rows of 896 values, 28 blocks, that overhead
@@ -23,10 +22,10 @@
 //! of the block's 8 × 32 values fill 32 bytes, bit `s` of byte `4r + j` under byte `4r + j`
 //! of vector `s` (step `s / 2`'s low vector for even `s`, high for odd), so one load and a
 //! 16-bit shift per vector put every byte's bit at bit 4, where an AND and an OR (one
-//! `vpternlogd` at the AVX-512 level) add 16. Past four activation rows the AVX-512 level
-//! takes a panel's two groups at once in 512-bit vectors (`panel`): on two Zen 5 cores
-//! 1.5-1.7× the prefill rate of the 256-bit pass; eight rows a pass instead of four measured
-//! 0.87-1.0× in either width.
+//! `vpternlogd` at the AVX-512 level) add 16. The AVX-512 level holds a 16-row panel's two
+//! groups with their blocks alternating (`interleave`) and takes both at once in 512-bit
+//! vectors (`panel`) for every number of activation rows; eight rows a pass instead of four
+//! measured 0.87-1.0× in either width.
 //! Rows past the weight's last are zeros.
 
 use super::act::Q8;
@@ -121,6 +120,25 @@ fn fifth_byte(file: u32, j: usize) -> u8 {
     (spread(gather(file)) | spread(gather(file >> 16)) << 1) as u8
 }
 
+/// Bytes of a 16-row panel of a 4/5-bit format at the AVX-512 level with VNNI: its two
+/// groups' blocks alternate (`interleave`).
+pub fn panel_bytes(f: Format, k: usize) -> usize {
+    2 * group_bytes(f, k)
+}
+
+/// A panel's two groups, `groups` (group 0's `group_bytes` then group 1's), into `out` with
+/// their blocks alternating: block `b` of group 0, block `b` of group 1, block `b + 1` of
+/// group 0, ... so the 512-bit pass (`panel`), which reads both groups' block `b` together,
+/// streams one run of addresses. Read as two runs, one per group, the pass decoded a 0.5B
+/// Q4_K_M file at 0.94× the eight-row kernel's rate on a Zen 5 VM (75-77 GB/s triad).
+pub fn interleave(f: Format, k: usize, groups: &[u8], out: &mut [u8]) {
+    let (gb, bb) = (group_bytes(f, k), ROWS * f.bytes());
+    for (b, pair) in out[..2 * gb].chunks_exact_mut(2 * bb).enumerate() {
+        pair[..bb].copy_from_slice(&groups[b * bb..][..bb]);
+        pair[bb..].copy_from_slice(&groups[gb + b * bb..][..bb]);
+    }
+}
+
 /// Group `g` (at `w`, `nb` blocks) against activation rows `r0..r0 + R`: `out[r · stride + l]`
 /// for the group's rows `l < 8`. Needs AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
@@ -131,35 +149,34 @@ pub fn rows<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: us
     unsafe {
         if F == Format::Q8_0 as u8 {
             avx2::rows_q8::<R>(w, nb, a, r0, out, stride)
-        } else if super::vnni() {
-            avx2::rows_lanes_vnni::<F, R>(w, nb, a, r0, out, stride)
         } else {
             avx2::rows_lanes::<F, R>(w, nb, a, r0, out, stride)
         }
     }
 }
 
-
-/// A panel's two groups (`w0`, `w1`, `nb` blocks of a 4/5-bit format each) against activation
-/// rows `r0..r0 + rows`: `out[r · stride + l]` for the panel's rows `l < 16`, the same bits as
-/// `rows` on each group (lane for lane the same integer sums and float operations), four
-/// activation rows a pass. One broadcast of four activation bytes, one nibble split and one
-/// fifth-bit shift serve sixteen rows in 512-bit vectors where `rows` spends them on eight.
-/// Needs the AVX-512 level with VNNI, VL and BW (`vnni()`).
+/// A panel (at `w`, `nb` blocks of each group, as `interleave` holds them) of a 4/5-bit format
+/// against activation rows `r0..r0 + rows`: `out[r · stride + l]` for the panel's rows
+/// `l < 16`, the same bits as `rows` on each group (lane for lane the same integer sums and
+/// float operations), four activation rows a pass. One broadcast of four activation bytes, one
+/// nibble split and one fifth-bit shift serve sixteen rows in 512-bit vectors where `rows`
+/// spends them on eight: on two Zen 5 cores a weight in cache decodes at 1.3-1.4× the eight-row
+/// rate and 256-row prefill runs at 1.5-1.7× it. Needs the AVX-512 level with VNNI, VL and BW
+/// (`vnni()`).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-pub fn panel(f: Format, w0: *const u8, w1: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize, rows: usize) {
+pub fn panel(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize, rows: usize) {
     assert!(rows > 0 && super::vnni() && f != Format::Q8_0 && out.len() >= (rows - 1) * stride + 2 * ROWS && a.q.len() >= (r0 + rows) * nb * 32, "rows8::panel: no VNNI, Q8_0, or slices shorter than the shapes");
     macro_rules! pass {
         ($F:ident, $r:expr, $out:expr, $ahead:expr) => {{
             const F: u8 = Format::$F as u8;
-            // SAFETY: checked above; `w0` and `w1` each hold `nb` blocks of a group.
+            // SAFETY: checked above; `w` holds `nb` blocks of each of the panel's groups.
             unsafe {
                 match rows - $r {
-                    4.. => zmm::panel::<F, 4>(w0, w1, nb, a, r0 + $r, $out, stride, $ahead),
-                    3 => zmm::panel::<F, 3>(w0, w1, nb, a, r0 + $r, $out, stride, $ahead),
-                    2 => zmm::panel::<F, 2>(w0, w1, nb, a, r0 + $r, $out, stride, $ahead),
-                    _ => zmm::panel::<F, 1>(w0, w1, nb, a, r0 + $r, $out, stride, $ahead),
+                    4.. => zmm::panel::<F, 4>(w, nb, a, r0 + $r, $out, stride, $ahead),
+                    3 => zmm::panel::<F, 3>(w, nb, a, r0 + $r, $out, stride, $ahead),
+                    2 => zmm::panel::<F, 2>(w, nb, a, r0 + $r, $out, stride, $ahead),
+                    _ => zmm::panel::<F, 1>(w, nb, a, r0 + $r, $out, stride, $ahead),
                 }
             }
         }};
@@ -169,7 +186,7 @@ pub fn panel(f: Format, w0: *const u8, w1: *const u8, nb: usize, a: &Q8, r0: usi
         let o = &mut out[r * stride..];
         // Only the first pass over a panel in each block of activation rows hints the lines
         // ahead: the later ones find the panel in cache, and their hints into the next panel
-        // (`simd::avx2::paired`) evicted it (256-row prefill 0.87-0.94×).
+        // evicted it (256-row prefill 0.87-0.94×).
         let ahead = (r0 + r).is_multiple_of(crate::cpu::panels::ROW_BLOCK);
         r += match f {
             Format::Q4_0 => pass!(Q4_0, r, o, ahead),
@@ -234,22 +251,6 @@ mod avx2 {
         v
     }
 
-    /// `vectors` with one `vpternlogd` (`v | (bit & 16)`) where AVX2 takes an AND and an OR:
-    /// on a Zen 5 VM Q5_0 decoded a weight in cache at 1.15× the rate that byte masks loaded
-    /// into mask registers gave (one masked add a vector).
-    #[inline]
-    #[target_feature(enable = "avx2,avx512f,avx512vl")]
-    unsafe fn vectors_ternlog<const F: u8>(blk: *const u8) -> [__m256i; 8] {
-        let mut v = nibble_vectors::<F>(blk);
-        if F == Format::Q5_0 as u8 || F == Format::Q5_1 as u8 {
-            let (at4, sixteen) = (at_bit4::<F>(blk), _mm256_set1_epi8(0x10));
-            for s in 0..8 {
-                v[s] = _mm256_ternarylogic_epi32::<0xF8>(v[s], at4[s], sixteen);
-            }
-        }
-        v
-    }
-
     /// The 4/5-bit formats' eight row sums of one block against the activations at `x`, row
     /// `l` in lane `l`: `vpmaddubsw` pair sums of the low vectors and of the high ones, each
     /// four steps added in 16 bits (at most 4 · 2 · 31 · 127 = 31 496), then widened.
@@ -265,60 +266,42 @@ mod avx2 {
         _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones))
     }
 
-    /// `sums_maddubs` with `vpdpbusd`: each row's four products summed in i32 at once.
-    #[inline]
-    #[target_feature(enable = "avx2,avx512vnni,avx512vl")]
-    unsafe fn sums_dpbusd(v: &[__m256i; 8], x: *const i8) -> __m256i {
-        let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-        for i in 0..4 {
-            lo = _mm256_dpbusd_epi32(lo, v[2 * i], four(x.add(4 * i)));
-            hi = _mm256_dpbusd_epi32(hi, v[2 * i + 1], four(x.add(16 + 4 * i)));
-        }
-        _mm256_add_epi32(lo, hi)
-    }
-
-    /// The 4/5-bit formats, one kernel per way of summing a block (`$sums`) and of reading its
-    /// fifth bits (`$vectors`), with the target features they need.
-    macro_rules! rows_lanes {
-        ($name:ident, $features:literal, $sums:ident, $vectors:ident) => {
-            #[target_feature(enable = $features)]
-            pub unsafe fn $name<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize) {
-                let f = Format::from_id(F);
-                let min = matches!(f, Format::Q4_1 | Format::Q5_1);
-                let offset = if f == Format::Q4_0 { -8.0 } else { -16.0 };
-                let gb = ROWS * f.bytes();
-                let mut acc = [_mm256_setzero_ps(); R];
-                for b in 0..nb {
-                    let blk = w.add(b * gb);
-                    prefetch(blk, gb);
-                    let v = $vectors::<F>(blk);
-                    let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
-                    let m = if min { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i)) } else { _mm256_setzero_ps() };
-                    for r in 0..R {
-                        let at = (r0 + r) * nb + b;
-                        let (sums, dx) = (_mm256_cvtepi32_ps($sums(&v, a.q.as_ptr().add(at * 32))), _mm256_mul_ps(d, _mm256_set1_ps(*a.d.get_unchecked(at))));
-                        if min {
-                            // m · d_x · Σq, with d_x · Σq through f16 as ggml's `block_q8_1`
-                            // holds it.
-                            acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(*a.s.get_unchecked(2 * at + 1)), _mm256_fmadd_ps(sums, dx, acc[r]));
-                        } else {
-                            // The offset in the integers, as ggml's dot takes it: the sums and
-                            // offset · Σq are integers below 2^24, so their f32 sum is exact.
-                            // One FMA a block on each row's accumulator: a second (the offset
-                            // apart) lengthened the chain, and a second accumulator a row
-                            // spilled AVX2's sixteen registers at four rows.
-                            acc[r] = _mm256_fmadd_ps(_mm256_add_ps(sums, _mm256_set1_ps(offset * *a.s.get_unchecked(2 * at))), dx, acc[r]);
-                        }
-                    }
-                }
-                for r in 0..R {
-                    _mm256_storeu_ps(out.as_mut_ptr().add(r * stride), acc[r]);
+    /// The 4/5-bit formats: the group's eight rows in the lanes of one accumulator per
+    /// activation row.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn rows_lanes<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize) {
+        let f = Format::from_id(F);
+        let min = matches!(f, Format::Q4_1 | Format::Q5_1);
+        let offset = if f == Format::Q4_0 { -8.0 } else { -16.0 };
+        let gb = ROWS * f.bytes();
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            let blk = w.add(b * gb);
+            prefetch(blk, gb);
+            let v = vectors::<F>(blk);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
+            let m = if min { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16) as *const __m128i)) } else { _mm256_setzero_ps() };
+            for r in 0..R {
+                let at = (r0 + r) * nb + b;
+                let (sums, dx) = (_mm256_cvtepi32_ps(sums_maddubs(&v, a.q.as_ptr().add(at * 32))), _mm256_mul_ps(d, _mm256_set1_ps(*a.d.get_unchecked(at))));
+                if min {
+                    // m · d_x · Σq, with d_x · Σq through f16 as ggml's `block_q8_1`
+                    // holds it.
+                    acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(*a.s.get_unchecked(2 * at + 1)), _mm256_fmadd_ps(sums, dx, acc[r]));
+                } else {
+                    // The offset in the integers, as ggml's dot takes it: the sums and
+                    // offset · Σq are integers below 2^24, so their f32 sum is exact.
+                    // One FMA a block on each row's accumulator: a second (the offset
+                    // apart) lengthened the chain, and a second accumulator a row
+                    // spilled AVX2's sixteen registers at four rows.
+                    acc[r] = _mm256_fmadd_ps(_mm256_add_ps(sums, _mm256_set1_ps(offset * *a.s.get_unchecked(2 * at))), dx, acc[r]);
                 }
             }
-        };
+        }
+        for r in 0..R {
+            _mm256_storeu_ps(out.as_mut_ptr().add(r * stride), acc[r]);
+        }
     }
-    rows_lanes!(rows_lanes, "avx2,fma,f16c", sums_maddubs, vectors);
-    rows_lanes!(rows_lanes_vnni, "avx2,fma,f16c,avx512f,avx512vnni,avx512vl", sums_dpbusd, vectors_ternlog);
 
     /// Q8_0: each row's signed bytes a vector, their signs moved onto the activations
     /// (`vpmaddubsw` takes unsigned × signed).
@@ -353,13 +336,15 @@ mod avx2 {
     }
 }
 
-/// `avx2::rows_lanes_vnni` over both groups of a panel in 512-bit vectors: group 0's lanes
-/// in the low half, group 1's in the high one.
+/// `avx2::rows_lanes` over both groups of an interleaved panel in 512-bit vectors with
+/// `vpdpbusd` and `vpternlogd` (the same exact integer sums as `vpmaddubsw` + `vpmaddwd`, the
+/// same bits as the AVX2 AND and OR): group 0's lanes in the low half, group 1's in the high
+/// one.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)] // `r` indexes several per-row arrays at once
 mod zmm {
     use super::super::act::Q8;
-    use super::super::simd::avx2::{paired, prefetch};
+    use super::super::simd::avx2::prefetch;
     use super::super::simd::avx512::{both, both16};
     use super::super::Format;
     use super::{parts, ROWS};
@@ -369,17 +354,16 @@ mod zmm {
     /// returns `R`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn panel<const F: u8, const R: usize>(w0: *const u8, w1: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize, ahead: bool) -> usize {
+    pub unsafe fn panel<const F: u8, const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize, ahead: bool) -> usize {
         let (f, m4, sixteen) = (Format::from_id(F), _mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x10));
         let (p, gb) = (parts(f), ROWS * f.bytes());
         let min = matches!(f, Format::Q4_1 | Format::Q5_1);
         let offset = if f == Format::Q4_0 { -8.0 } else { -16.0 };
         let mut acc = [_mm512_setzero_ps(); R];
         for b in 0..nb {
-            let (b0, b1) = (w0.add(b * gb), w1.add(b * gb));
+            let (b0, b1) = (w.add(2 * b * gb), w.add((2 * b + 1) * gb));
             if ahead {
-                prefetch(paired(w0, b * gb, nb * gb), gb);
-                prefetch(paired(w1, b * gb, nb * gb), gb);
+                prefetch(b0, 2 * gb);
             }
             let mut v = [_mm512_setzero_si512(); 8];
             for i in 0..4 {
@@ -446,30 +430,36 @@ mod tests {
         }
     }
 
-    /// `vpdpbusd`'s block sums give the bits of `vpmaddubsw` + `vpmaddwd`'s (both exact), and
-    /// the fifth bits set by `vpternlogd` those of the AVX2 AND and OR, so a file gives the same
-    /// numbers at either level: every 4/5-bit format, a group of seven rows (the eighth zero),
-    /// three activation rows, eight blocks. (Both against candle: `every_format_matches_candle`.)
+    /// The 512-bit pass over an interleaved panel gives each of its two groups the bits of the
+    /// AVX2 eight-row kernel (`vpdpbusd`'s exact sums equal `vpmaddubsw` + `vpmaddwd`'s, the
+    /// fifth bits set by `vpternlogd` the AND and OR's), so a file gives the same numbers at
+    /// either level: every 4/5-bit format, fifteen rows (group 1's last one zero), one to five
+    /// activation rows (a four-row pass and its remainder), eight blocks. (Both against candle:
+    /// `every_format_matches_candle`.)
     #[test]
-    fn vnni_sums_give_the_avx2_bits() -> candle_core::Result<()> {
+    fn interleaved_panels_give_the_avx2_bits() -> candle_core::Result<()> {
         if !super::super::vnni() {
             eprintln!("no AVX-512 VNNI at this level: nothing to compare");
             return Ok(());
         }
         fn check<const F: u8>(dtype: GgmlDType) -> candle_core::Result<()> {
-            let (f, m, k, n) = (Format::from_id(F), 3, 256, 7);
-            let (x, blocks, _) = crate::cpu::testing::quantized_case(dtype, m, k, n)?;
-            let mut group = vec![0u8; group_bytes(f, k)];
-            pack_group(f, &blocks, n, k / 32, 0, &mut group);
-            let a = Q8::quantize(&x, m, k);
-            let (mut want, mut got) = ([0f32; 3 * ROWS], [0f32; 3 * ROWS]);
-            // SAFETY: `vnni()` checked avx512vnni, avx512vl and avx512bw at the AVX-512 level
-            // (avx512f, avx2, fma and f16c with it); the group holds k / 32 blocks and the
-            // activations 3 rows.
-            unsafe {
-                avx2::rows_lanes::<F, 3>(group.as_ptr(), k / 32, &a, 0, &mut want, ROWS);
-                avx2::rows_lanes_vnni::<F, 3>(group.as_ptr(), k / 32, &a, 0, &mut got, ROWS);
+            let (f, k, n, rows) = (Format::from_id(F), 256, 15, 5);
+            let (x, blocks, _) = crate::cpu::testing::quantized_case(dtype, rows, k, n)?;
+            let gb = group_bytes(f, k);
+            let mut groups = vec![0u8; panel_bytes(f, k)];
+            for (h, group) in groups.chunks_exact_mut(gb).enumerate() {
+                pack_group(f, &blocks, n, k / 32, h, group);
             }
+            let mut held = vec![0u8; groups.len()];
+            interleave(f, k, &groups, &mut held);
+            let a = Q8::quantize(&x, rows, k);
+            let stride = 2 * ROWS;
+            let (mut want, mut got) = (vec![0f32; rows * stride], vec![0f32; rows * stride]);
+            for (h, group) in groups.chunks_exact(gb).enumerate() {
+                super::rows::<F, 4>(group.as_ptr(), k / 32, &a, 0, &mut want[h * ROWS..], stride);
+                super::rows::<F, 1>(group.as_ptr(), k / 32, &a, 4, &mut want[4 * stride + h * ROWS..], stride);
+            }
+            panel(f, held.as_ptr(), k / 32, &a, 0, &mut got, stride, rows);
             assert_eq!(got, want, "{f:?}");
             assert!(want.iter().any(|v| *v != 0.0), "{f:?}: a product of zeros proves nothing");
             Ok(())

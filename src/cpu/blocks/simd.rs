@@ -1,7 +1,7 @@
 //! AVX2 pieces the block kernels share (`rows8`, `q4k8`, `q6k8`): horizontal reductions of
 //! eight vectors, the four-byte activation broadcast and the weight stream's prefetch schedule
 //! (which `cpu::q4_k`'s panels use too); and the loads of the 512-bit passes over a panel's
-//! two groups (`rows8`).
+//! two interleaved groups (`rows8`).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
@@ -59,19 +59,6 @@ pub(crate) mod avx2 {
         _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
     }
 
-    /// Where a pass over a panel's two groups prefetches from (`prefetch`, `prefetch_step`
-    /// add `AHEAD`) for offset `at` of the group at `w` (`group` bytes): the panel's two
-    /// groups lie back to back and the next panel after them, so once `AHEAD` past `at` runs
-    /// off the group's end, the same place in the next panel's group. The pass reads both
-    /// groups at once: `AHEAD` past group 0's block would hint lines of group 1 already being
-    /// read, and nothing would hint the start of the next panel's group 1 (a 512-bit Q5_K
-    /// pass, since replaced by `q4_k`'s panels, streamed a weight at 0.55× the 256-bit one's
-    /// rate for one activation row).
-    #[inline(always)]
-    pub fn paired(w: *const u8, at: usize, group: usize) -> *const u8 {
-        w.wrapping_add(if at + AHEAD >= group { at + group } else { at })
-    }
-
     /// Step `i`'s share of a block's prefetch, `step` bytes a step (at most 128): a group's
     /// block of a kilobyte or more hints a line or two per step of its loop rather than all
     /// at its start, where a burst of 19 or 27 hints stalls on the core's fill buffers (`q6k8`
@@ -103,24 +90,5 @@ pub(super) mod avx512 {
     #[inline(always)]
     pub unsafe fn both16(b0: *const u8, b1: *const u8, at: usize) -> __m256i {
         _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(b0.add(at) as *const __m128i)), _mm_loadu_si128(b1.add(at) as *const __m128i))
-    }
-}
-
-#[cfg(all(test, target_arch = "x86_64"))]
-mod tests {
-    use super::avx2::{paired, AHEAD};
-
-    /// A panel of two groups of three times `AHEAD`: prefetches stay in their own group while
-    /// `AHEAD` fits, then land on the same place of the next panel's group, for either group.
-    #[test]
-    fn paired_prefetch_follows_each_group_into_the_next_panel() {
-        let (group, panel) = (3 * AHEAD, [0u8; 1]);
-        let base = panel.as_ptr();
-        for (h, at) in [(0, 0), (0, group - AHEAD - 1), (0, group - AHEAD), (1, 100), (1, group - 1)] {
-            let w = base.wrapping_add(h * group);
-            let target = paired(w, at, group) as usize + AHEAD - base as usize;
-            let want = if at + AHEAD < group { h * group + at + AHEAD } else { 2 * group + h * group + at + AHEAD - group };
-            assert_eq!(target, want, "group {h}, offset {at}");
-        }
     }
 }
