@@ -6,7 +6,8 @@
 //! seconds earlier can read anywhere from 50 to 120 %); each line names the median triad it
 //! was set against. What runs is what a model uses at this level (`MERG_CPU_KERNELS=avx2`
 //! forces the AVX2 one): the VNNI panels for Q8_0, Q4_K and Q6_K and the f32 / bf16 panels
-//! where the machine has them, the block kernels (`cpu::blocks`) for every block format.
+//! where the machine has them, the block kernels (`cpu::blocks`) for every block format; and a
+//! 0.5B Q4_K_M decode step's products back to back (`step_products`).
 
 use half::bf16;
 use merg::cpu::blocks::{Format, PackedBlocks};
@@ -32,12 +33,14 @@ fn measure(name: &str, bytes: usize, steps: usize, mut product: impl FnMut()) {
     })
     .expect("a product cannot fail");
     println!(
-        "{name:<28} {:6.1} % of the triad (quartiles {:5.1}-{:5.1} %, triad median {:5.1} GB/s, {:.0} MiB)",
+        "{name:<28} {:6.1} % of the triad (quartiles {:5.1}-{:5.1} %, triad median {:5.1} GB/s, {:.0} MiB, cores' round trip {:.0}/{:.0} ns)",
         p.median_pct,
         p.quartile_pcts[0],
         p.quartile_pcts[1],
         p.triad_median_gbs,
-        bytes as f64 / (1u64 << 20) as f64
+        bytes as f64 / (1u64 << 20) as f64,
+        p.core_round_trip_ns[0],
+        p.core_round_trip_ns[1]
     );
 }
 
@@ -82,4 +85,50 @@ fn main() {
         let w = PackedBlocks::pack(f, &common::random_blocks(f, n, k), n, k).expect("whole blocks");
         measure(&format!("{f:?} block kernel"), w.bytes(), steps, || w.matmul(&x, 1, &mut out));
     }
+    step_products(n > 4096, steps);
+}
+
+/// A decode step's products as the 0.5B shape's Q4_K_M file has them, at this level's kernels
+/// (per layer q/k Q5_0 [1024, 896], v Q8_0 [128, 896], o Q5_0 [896, 896], gate/up Q5_0
+/// [9728, 896], down Q6_K and Q4_K in turn [896, 4864]; the Q8_0 head [151936, 896]) back to
+/// back with nothing between them: the model's step less its one-thread work, so the two set
+/// side by side (`merg bench`'s paired share) show what the work between products costs and
+/// what 120 short products cost on their own (without the head). `real`: 24 layers, else one
+/// and a short head (`cargo test`).
+fn step_products(real: bool, steps: usize) {
+    if !merg::cpu::blocks::available() {
+        return;
+    }
+    type Product = Box<dyn Fn(&[f32], &mut [f32])>;
+    fn packed(f: Format, n: usize, k: usize) -> (usize, Product) {
+        let blocks = common::random_blocks(f, n, k);
+        let vnni = merg::cpu::q8_0::available();
+        match f {
+            Format::Q8_0 if vnni => boxed(PackedQ8::pack(&blocks, n, k).expect("whole blocks"), PackedQ8::bytes, PackedQ8::matmul),
+            Format::Q4K if vnni => boxed(PackedQ4K::pack(&blocks, n, k).expect("whole blocks"), PackedQ4K::bytes, PackedQ4K::matmul),
+            Format::Q6K if vnni => boxed(PackedQ6K::pack(&blocks, n, k).expect("whole blocks"), PackedQ6K::bytes, PackedQ6K::matmul),
+            _ => boxed(PackedBlocks::pack(f, &blocks, n, k).expect("whole blocks"), PackedBlocks::bytes, PackedBlocks::matmul),
+        }
+    }
+    fn boxed<W: 'static>(w: W, bytes: fn(&W) -> usize, matmul: fn(&W, &[f32], usize, &mut [f32])) -> (usize, Product) {
+        (bytes(&w), Box::new(move |x, out| matmul(&w, x, 1, out)))
+    }
+    let (layers, head) = if real { (24, 151936) } else { (1, 512) };
+    let mut products = vec![];
+    for l in 0..layers {
+        let down = if l % 2 == 0 { Format::Q6K } else { Format::Q4K };
+        for (f, n, k) in [(Format::Q5_0, 1024, 896), (Format::Q8_0, 128, 896), (Format::Q5_0, 896, 896), (Format::Q5_0, 9728, 896), (down, 896, 4864)] {
+            products.push((k, packed(f, n, k)));
+        }
+    }
+    let mut rng = StdRng::seed_from_u64(2);
+    let x: Vec<f32> = (0..4864).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let mut out = vec![0f32; head.max(9728)];
+    let mut run = |name: &str, all: &[(usize, (usize, Product))]| {
+        let bytes = all.iter().map(|(_, (b, _))| b).sum();
+        measure(name, bytes, steps, || all.iter().for_each(|(k, (_, p))| p(&x[..*k], &mut out)));
+    };
+    run(&format!("0.5B step less head, {}", products.len()), &products);
+    products.push((896, packed(Format::Q8_0, head, 896)));
+    run(&format!("0.5B step, {} products", products.len()), &products);
 }

@@ -231,12 +231,14 @@ fn roofline_lines(rec: &mut serde_json::Value, r: &merg::cpu::roofline::Roofline
         let f = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
         let q = |i: usize| p["quartile_pcts"][i].as_f64().unwrap_or(f64::NAN);
         println!(
-            "decode {name}: {:.1} % of the triad measured either side of each step (median of {} more steps, quartiles {:.1}-{:.1} %, triad median {:.1} GB/s)",
+            "decode {name}: {:.1} % of the triad measured either side of each step (median of {} more steps, quartiles {:.1}-{:.1} %, triad median {:.1} GB/s; a cache line between two cores {:.0} ns there and back before the steps, {:.0} after)",
             f("median_pct"),
             p["steps"],
             q(0),
             q(1),
-            f("triad_median_gbs")
+            f("triad_median_gbs"),
+            p["core_round_trip_ns"][0].as_f64().unwrap_or(f64::NAN),
+            p["core_round_trip_ns"][1].as_f64().unwrap_or(f64::NAN)
         );
     }
 }
