@@ -1,9 +1,9 @@
 //! The 32-value block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) eight rows at a time with AVX2,
-//! sixteen at the AVX-512 level with VNNI (where Q8_0 takes `q8_0`'s panels). In the file's layout each row is
-//! dotted on its own: per block of 32 values a row pays for its integer dot and then, alone,
-//! for converting it, loading and multiplying its scale, one FMA and its offset term, and each
-//! row ends in a horizontal sum (on a 0.5B model's rows of 896 values, 28 blocks, that overhead
-//! was a large part of a decode step). Here block `b` of eight rows lies together, so the eight
+//! sixteen at the AVX-512 level with VNNI (where Q8_0 takes `q8_0`'s panels). In the file's
+//! layout each row is dotted on its own: per block of 32 values a row pays for its integer
+//! dot and then, alone, for converting it, loading and multiplying its scale, one FMA and its
+//! offset term, and each row ends in a horizontal sum (on a 0.5B model's rows of 896 values,
+//! 28 blocks, that overhead was a large part of a decode step). Here block `b` of eight rows lies together, so the eight
 //! rows' integer dots are reduced into the lanes of one vector and scaled, offset and
 //! accumulated by a few vector instructions for all eight. A block's integer dot is exact and
 //! the blocks are added in one order whatever the number of activation rows in a pass, so
