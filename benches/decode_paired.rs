@@ -9,8 +9,10 @@
 //! where the machine has them, the block kernels (`cpu::blocks`) for every block format; and a
 //! 0.5B Q4_K_M decode step's products back to back (`step_products`).
 
+use candle_core::quantized::GgmlDType;
 use half::bf16;
 use merg::cpu::blocks::{Format, PackedBlocks};
+use merg::cpu::quant::Kernel;
 use merg::cpu::{bf16::PackedBf16, fp32::PackedF32, q4_k::PackedQ4K, q6_k::PackedQ6K, q8_0::PackedQ8};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -100,13 +102,14 @@ fn step_products(real: bool, steps: usize) {
         return;
     }
     type Product = Box<dyn Fn(&[f32], &mut [f32])>;
-    fn packed(f: Format, n: usize, k: usize) -> (usize, Product) {
+    // The kernel a model's weight of this type takes at this level (`cpu::quant::kernel`).
+    fn packed(dtype: GgmlDType, n: usize, k: usize) -> (usize, Product) {
+        let f = Format::of(dtype).expect("a block format");
         let blocks = common::random_blocks(f, n, k);
-        let vnni = merg::cpu::q8_0::available();
-        match f {
-            Format::Q8_0 if vnni => boxed(PackedQ8::pack(&blocks, n, k).expect("whole blocks"), PackedQ8::bytes, PackedQ8::matmul),
-            Format::Q4K if vnni => boxed(PackedQ4K::pack(&blocks, n, k).expect("whole blocks"), PackedQ4K::bytes, PackedQ4K::matmul),
-            Format::Q6K if vnni => boxed(PackedQ6K::pack(&blocks, n, k).expect("whole blocks"), PackedQ6K::bytes, PackedQ6K::matmul),
+        match (merg::cpu::quant::kernel(dtype), dtype) {
+            (Some(Kernel::Vnni), GgmlDType::Q8_0) => boxed(PackedQ8::pack(&blocks, n, k).expect("whole blocks"), PackedQ8::bytes, PackedQ8::matmul),
+            (Some(Kernel::Vnni), GgmlDType::Q4K) => boxed(PackedQ4K::pack(&blocks, n, k).expect("whole blocks"), PackedQ4K::bytes, PackedQ4K::matmul),
+            (Some(Kernel::Vnni), GgmlDType::Q6K) => boxed(PackedQ6K::pack(&blocks, n, k).expect("whole blocks"), PackedQ6K::bytes, PackedQ6K::matmul),
             _ => boxed(PackedBlocks::pack(f, &blocks, n, k).expect("whole blocks"), PackedBlocks::bytes, PackedBlocks::matmul),
         }
     }
@@ -116,9 +119,9 @@ fn step_products(real: bool, steps: usize) {
     let (layers, head) = if real { (24, 151936) } else { (1, 512) };
     let mut products = vec![];
     for l in 0..layers {
-        let down = if l % 2 == 0 { Format::Q6K } else { Format::Q4K };
-        for (f, n, k) in [(Format::Q5_0, 1024, 896), (Format::Q8_0, 128, 896), (Format::Q5_0, 896, 896), (Format::Q5_0, 9728, 896), (down, 896, 4864)] {
-            products.push((k, packed(f, n, k)));
+        let down = if l % 2 == 0 { GgmlDType::Q6K } else { GgmlDType::Q4K };
+        for (dtype, n, k) in [(GgmlDType::Q5_0, 1024, 896), (GgmlDType::Q8_0, 128, 896), (GgmlDType::Q5_0, 896, 896), (GgmlDType::Q5_0, 9728, 896), (down, 896, 4864)] {
+            products.push((k, packed(dtype, n, k)));
         }
     }
     let mut rng = StdRng::seed_from_u64(2);
@@ -129,6 +132,6 @@ fn step_products(real: bool, steps: usize) {
         measure(name, bytes, steps, || all.iter().for_each(|(k, (_, p))| p(&x[..*k], &mut out)));
     };
     run(&format!("0.5B step less head, {}", products.len()), &products);
-    products.push((896, packed(Format::Q8_0, head, 896)));
+    products.push((896, packed(GgmlDType::Q8_0, head, 896)));
     run(&format!("0.5B step, {} products", products.len()), &products);
 }

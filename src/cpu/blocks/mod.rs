@@ -117,10 +117,9 @@ fn paired(format: Format) -> bool {
     }
 }
 
-/// Rows every part of a joined weight but the last must be a whole number of (`concat`; the
-/// packed copy of `pack_groups` takes its groups one by one): a panel where `paired`, else a
-/// group.
-fn join_rows(format: Format) -> usize {
+/// Rows held as one unit (a part of `pack_groups`): a panel where `paired`, else a group.
+/// Every part of a joined weight but the last must be whole units (`concat`).
+fn unit_rows(format: Format) -> usize {
     if paired(format) {
         PANEL
     } else {
@@ -179,7 +178,7 @@ impl PackedBlocks {
     /// part per group (per panel where `paired`), written by the worker that packs it; a
     /// mapped source's rows behind each band are released as it goes (`pages::copied`).
     pub fn pack_groups(format: Format, n: usize, k: usize, group: impl Fn(usize, &mut [u8]) + Sync) -> PackedBlocks {
-        let unit = join_rows(format);
+        let unit = unit_rows(format);
         let part = Self::held_bytes(format, unit, k);
         let band = (super::pages::BAND_BYTES / part).max(1);
         let fill = |i: usize, out: &mut [u8]| match unit {
@@ -194,14 +193,15 @@ impl PackedBlocks {
     /// level holds them: one after the other, or interleaved where `paired`.
     fn panel_into(format: Format, n: usize, k: usize, p: usize, out: &mut [u8], group: &(impl Fn(usize, &mut [u8]) + Sync)) {
         let gb = Self::group_bytes(format, k);
-        let mut staged = if paired(format) { vec![0u8; PANEL / GROUP_ROWS * gb] } else { vec![] };
-        let groups = if paired(format) { &mut staged[..] } else { &mut *out };
+        let paired = paired(format);
+        let mut staged = if paired { vec![0u8; PANEL / GROUP_ROWS * gb] } else { vec![] };
+        let groups = if paired { &mut staged[..] } else { &mut *out };
         for (h, g) in groups.chunks_exact_mut(gb).take(PANEL / GROUP_ROWS).enumerate() {
             if (p * PANEL / GROUP_ROWS + h) * GROUP_ROWS < n {
                 group(p * PANEL / GROUP_ROWS + h, g);
             }
         }
-        if paired(format) {
+        if paired {
             rows8::interleave(format, k, &staged, out);
         }
     }
@@ -229,14 +229,11 @@ impl PackedBlocks {
         });
     }
 
-    /// Bytes an `[n, k]` weight of `format` is held in at this level.
+    /// Bytes an `[n, k]` weight of `format` is held in at this level: whole units
+    /// (`unit_rows`), the last padded with zero rows.
     pub fn held_bytes(format: Format, n: usize, k: usize) -> usize {
-        match format {
-            Format::Q4K | Format::Q5K => q4k8::bytes(format == Format::Q5K, n, k),
-            Format::Q6K => q6k8::bytes(n, k),
-            f if paired(f) => n.div_ceil(PANEL) * rows8::panel_bytes(f, k),
-            f => rows8::bytes(f, n, k),
-        }
+        let unit = unit_rows(format);
+        n.div_ceil(unit) * (unit / GROUP_ROWS) * Self::group_bytes(format, k)
     }
 
     /// Bytes of one group of eight rows of `k` values (half a panel where `paired`).
@@ -267,13 +264,13 @@ impl PackedBlocks {
     }
 
     /// The parts' rows one after another (q/k/v, gate/up); `None` unless they share the
-    /// format and `k` and every part but the last is whole groups (`join_rows`).
+    /// format and `k` and every part but the last is whole groups (`unit_rows`).
     pub fn concat(parts: &[&PackedBlocks]) -> Option<PackedBlocks> {
         let first = parts.first()?;
         if parts.iter().any(|p| p.format != first.format || p.k != first.k) {
             return None;
         }
-        if parts[..parts.len() - 1].iter().any(|p| !p.n.is_multiple_of(join_rows(first.format))) {
+        if parts[..parts.len() - 1].iter().any(|p| !p.n.is_multiple_of(unit_rows(first.format))) {
             return None;
         }
         let data = super::pages::weight_concat(&parts.iter().map(|p| &*p.data).collect::<Vec<_>>());
@@ -456,7 +453,7 @@ mod tests {
             assert!(PackedBlocks::concat(&[&odd, &b]).is_none(), "{f:?}");
             // Interleaved panels join only as whole panels.
             let eight = PackedBlocks::pack(f, &blocks, 8, k).unwrap();
-            assert_eq!(PackedBlocks::concat(&[&eight, &b]).is_some(), join_rows(f) == GROUP_ROWS, "{f:?}");
+            assert_eq!(PackedBlocks::concat(&[&eight, &b]).is_some(), unit_rows(f) == GROUP_ROWS, "{f:?}");
         }
         Ok(())
     }

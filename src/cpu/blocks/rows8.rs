@@ -3,11 +3,12 @@
 //! layout each row is dotted on its own: per block of 32 values a row pays for its integer
 //! dot and then, alone, for converting it, loading and multiplying its scale, one FMA and its
 //! offset term, and each row ends in a horizontal sum (on a 0.5B model's rows of 896 values,
-//! 28 blocks, that overhead was a large part of a decode step). Here block `b` of eight rows lies together, so the eight
-//! rows' integer dots are reduced into the lanes of one vector and scaled, offset and
-//! accumulated by a few vector instructions for all eight. A block's integer dot is exact and
-//! the blocks are added in one order whatever the number of activation rows in a pass, so
-//! decode and prefill give a row the same numbers (the prefix cache relies on it).
+//! 28 blocks, that overhead was a large part of a decode step). Here block `b` of eight rows
+//! lies together, so the eight rows' integer dots are reduced into the lanes of one vector and
+//! scaled, offset and accumulated by a few vector instructions for all eight. A block's
+//! integer dot is exact and the blocks are added in one order whatever the number of
+//! activation rows in a pass, so decode and prefill give a row the same numbers (the prefix
+//! cache relies on it).
 //!
 //! A group's block `b` is the file's eight blocks `b` of rows `8g..8g+8` regrouped, the same
 //! bytes: the eight `d` (f16), the eight `m` (the min formats Q4_1, Q5_1), the fifth bits
@@ -65,11 +66,6 @@ pub fn group_bytes(f: Format, k: usize) -> usize {
     ROWS * (k / 32) * f.bytes()
 }
 
-/// Bytes an `[n, k]` weight takes in this layout (the file's, with the last group padded).
-pub fn bytes(f: Format, n: usize, k: usize) -> usize {
-    n.div_ceil(ROWS) * group_bytes(f, k)
-}
-
 /// Group `g` of the file's rows (`nb` blocks each; rows `>= n` left as the zeros `out` holds)
 /// written into `out` (`group_bytes`, zeros).
 pub fn pack_group(f: Format, blocks: &[u8], n: usize, nb: usize, g: usize, out: &mut [u8]) {
@@ -118,12 +114,6 @@ fn fifth_byte(file: u32, j: usize) -> u8 {
         (y | y << 1) & 0x55
     };
     (spread(gather(file)) | spread(gather(file >> 16)) << 1) as u8
-}
-
-/// Bytes of a 16-row panel of a 4/5-bit format at the AVX-512 level with VNNI: its two
-/// groups' blocks alternate (`interleave`).
-pub fn panel_bytes(f: Format, k: usize) -> usize {
-    2 * group_bytes(f, k)
 }
 
 /// A panel's two groups, `groups` (group 0's `group_bytes` then group 1's), into `out` with
@@ -446,7 +436,7 @@ mod tests {
             let (f, k, n, rows) = (Format::from_id(F), 256, 15, 5);
             let (x, blocks, _) = crate::cpu::testing::quantized_case(dtype, rows, k, n)?;
             let gb = group_bytes(f, k);
-            let mut groups = vec![0u8; panel_bytes(f, k)];
+            let mut groups = vec![0u8; 2 * gb];
             for (h, group) in groups.chunks_exact_mut(gb).enumerate() {
                 pack_group(f, &blocks, n, k / 32, h, group);
             }
