@@ -53,7 +53,11 @@ pub fn decode(q: &Tensor, k: &Tensor, v: &Tensor, kv_heads: usize, queries: &[Qu
     let (candle_core::Storage::Cpu(kc), candle_core::Storage::Cpu(vc)) = (&*ks, &*vs) else { return Ok(None) };
     let (k0, v0) = (ko.start_offset(), vo.start_offset());
     let shape = Shape { heads, kv_heads, d };
-    let per_seq = rayon::current_num_threads().div_ceil(r);
+    // As many runs as the team has threads for every sequence, however many share the step:
+    // splitting by the step's sequences gave a sequence other bits when it decoded alone than
+    // beside others (the merge adds in another order), so an eval resumed after a kill,
+    // batched differently, scored its replies' tokens differently (seen at the AVX2 level).
+    let per_seq = rayon::current_num_threads();
     match k.dtype() {
         DType::F32 => shape.run(&qs, &kc.as_slice::<f32>()?[k0..], &vc.as_slice::<f32>()?[v0..], queries, scale, per_seq, &mut out)?,
         DType::BF16 => shape.run(&qs, &kc.as_slice::<bf16>()?[k0..], &vc.as_slice::<bf16>()?[v0..], queries, scale, per_seq, &mut out)?,
@@ -81,8 +85,8 @@ impl Shape {
     /// whole rows in order: 12.3 against 8.6 µs for 200 keys of a 0.5B shape just evicted).
     /// A run's softmax is partial (its max and sum per head, its unnormalised sums of
     /// values); the runs of a sequence are merged as flash-decoding does.
-    /// `per_seq`: the runs a sequence is split into at most (the team's threads over the
-    /// sequences).
+    /// `per_seq`: the runs a sequence is split into at most (the team's threads, whatever
+    /// the number of sequences, so a sequence's bits do not depend on its step's others).
     #[allow(clippy::too_many_arguments)]
     fn run<T: Value>(self, q: &[f32], k: &[T], v: &[T], queries: &[Query], scale: f32, per_seq: usize, out: &mut [f32]) -> Result<()> {
         let (d, width, heads) = (self.d, self.kv_heads * self.d, self.heads);
@@ -375,6 +379,13 @@ mod tests {
             let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(diff < 1e-5, "{per_seq} runs: {diff}");
         }
+        // Batch-invariant: the sequence decoded beside another gives the bits it gets alone
+        // (the team splits it into the same runs either way).
+        let alone = decode(&q, &k, &v, kvh, &[Query { slots: &slots[..100] }], 0.25)?.expect("cpu").flatten_all()?.to_vec1::<f32>()?;
+        let other: Vec<u32> = (0..90).collect();
+        let q2 = Tensor::cat(&[&q, &q], 0)?;
+        let both = decode(&q2, &k, &v, kvh, &[Query { slots: &slots[..100] }, Query { slots: &other }], 0.25)?.expect("cpu").flatten_all()?.to_vec1::<f32>()?;
+        assert_eq!(alone, both[..heads * d], "a sequence's attention depends on the others in its step");
         let mut none = vec![1f32; heads * d];
         Shape { heads, kv_heads: kvh, d }.run(&qs, &ks, &vs, &[Query { slots: &[] }], 0.25, 2, &mut none)?;
         assert!(none.iter().all(|&x| x == 0.0), "no keys: zeros");
