@@ -334,18 +334,23 @@ mod avx2 {
             sum = _mm256_add_ps(sum, e);
             i += 8;
         }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), sum);
-        let mut total: f32 = lanes.iter().sum();
         if i < n {
+            // The tail goes into the lanes too (element `i` always in lane `i % 8`, padding
+            // exactly 0), so trailing masked scores (−∞) never change the sum: a prefill row
+            // padded to its query block's keys then sums as the same row unpadded (summed
+            // apart, the tail moved with the padding, and a prompt prefilled in other chunks
+            // scored its tokens a few ulp apart).
             let mut tail = [f32::NEG_INFINITY; 8];
             tail[..n - i].copy_from_slice(&p[i..]);
             let e = exp(_mm256_sub_ps(_mm256_loadu_ps(tail.as_ptr()), mx));
             _mm256_storeu_ps(tail.as_mut_ptr(), e);
             p[i..].copy_from_slice(&tail[..n - i]);
-            total += tail[..n - i].iter().sum::<f32>();
+            tail[n - i..].fill(0.0);
+            sum = _mm256_add_ps(sum, _mm256_loadu_ps(tail.as_ptr()));
         }
-        total
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), sum);
+        lanes.iter().sum()
     }
 }
 
@@ -402,6 +407,12 @@ mod tests {
                 }
                 let total: f64 = want[..len].iter().map(|&v| v as f64).sum();
                 assert!(sum as f64 == total || (sum as f64 - total).abs() <= total * 1e-5, "{name} len {len}: sum {sum} vs {total}");
+                // Trailing masked scores (a prefill row padded to its block's keys) leave the
+                // sum's bits as they are.
+                for pad in [1, 3, 8, 11] {
+                    let mut padded: Vec<f32> = x[..len].iter().copied().chain(std::iter::repeat_n(f32::NEG_INFINITY, pad)).collect();
+                    assert_eq!(f(&mut padded, max).to_bits(), sum.to_bits(), "{name} len {len} padded by {pad}");
+                }
             }
             let mut masked = [f32::NEG_INFINITY; 3];
             assert_eq!(f(&mut masked, max), 0.0, "{name}");
