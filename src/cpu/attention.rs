@@ -55,8 +55,9 @@ pub fn decode(q: &Tensor, k: &Tensor, v: &Tensor, kv_heads: usize, queries: &[Qu
     let shape = Shape { heads, kv_heads, d };
     // As many runs as the team has threads for every sequence, however many share the step:
     // splitting by the step's sequences gave a sequence other bits when it decoded alone than
-    // beside others (the merge adds in another order), so an eval resumed after a kill,
-    // batched differently, scored its replies' tokens differently (seen at the AVX2 level).
+    // beside others (the merge adds in another order), so its logits depended on which
+    // sequences the scheduler put in its step (an eval resumed after a kill batches
+    // differently from one run straight through).
     let per_seq = rayon::current_num_threads();
     match k.dtype() {
         DType::F32 => shape.run(&qs, &kc.as_slice::<f32>()?[k0..], &vc.as_slice::<f32>()?[v0..], queries, scale, per_seq, &mut out)?,
