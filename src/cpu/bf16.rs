@@ -5,10 +5,12 @@
 //! Layout: panel `p` holds weight rows `16p..16p+16` (zero rows pad the last panel); its line
 //! `i`'s 32-bit lane `r` holds row `16p+r`'s values `2i, 2i+1` (a zero pads an odd row
 //! length). With AVX-512 BF16, `vdpbf16ps` of a line with one activation pair broadcast to
-//! every lane advances 16 rows by 2 values. With AVX2 + FMA (Zen 3, Intel client CPUs) each
-//! half line widens to two f32 vectors in registers (a shift for the low value, a mask for the
-//! high one) for two FMAs (`fma`). Either way products of bf16 are exact in f32 and sums are
-//! f32, as the unpacked kernel in `matvec` computes them. Same bytes as the plain weight.
+//! every lane advances 16 rows by 2 values (`dp`). Elsewhere a line widens to two f32 vectors
+//! in registers (a shift for the low values, a mask for the high ones) for two FMAs: in halves
+//! with AVX2 + FMA (`fma`: Zen 3, Intel client CPUs), whole with AVX-512 where `vdpbf16ps` is
+//! slower than that (`fma512`, see `dots`), the two giving the same bits. Either way products
+//! of bf16 are exact in f32 and sums are f32, as the unpacked kernel in `matvec` computes
+//! them. Same bytes as the plain weight.
 
 use half::bf16;
 use super::panels::{Line, Panels, PANEL};
@@ -27,7 +29,7 @@ pub fn available() -> bool {
     avx512() || fma()
 }
 
-/// Whether the AVX-512 BF16 kernel runs (the dispatch level allows AVX-512).
+/// Whether the dispatch level allows AVX-512 BF16 instructions.
 pub fn avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -37,9 +39,39 @@ pub fn avx512() -> bool {
     false
 }
 
+/// Whether products take `vdpbf16ps` (the `dp` kernel) rather than widening to f32. On the
+/// Intel cores with AVX-512 BF16 it issues at half the rate of f32 FMAs of the same width (an
+/// Emerald Rapids VM: 171 against 338 GFLOP/s of independent chains on 2 threads), so the
+/// widened kernel's 16 FMAs and 2 widenings a line per 8 rows outrun it (256-row products
+/// of a 3B MLP weight: see `benches/panels.rs`); on Zen 5 it issues at twice that rate. The
+/// choice is by vendor, not by a timing, so a machine's results are the same from run to run.
+pub fn dots() -> bool {
+    avx512() && !super::intel()
+}
+
 /// Whether the AVX2 + FMA kernel runs (Level::Avx2 or above is chosen only with both).
 fn fma() -> bool {
     cfg!(target_arch = "x86_64") && super::level() >= super::Level::Avx2
+}
+
+/// The kernels a product may take: `vdpbf16ps` (`dp`), or widening to f32 in 512-bit lines
+/// (`fma512`) or 256-bit halves (`fma`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kernel {
+    Dots,
+    Wide,
+    Halves,
+}
+
+/// The kernel products take on this machine at the dispatch level.
+fn kernel() -> Kernel {
+    if dots() {
+        Kernel::Dots
+    } else if super::level() == super::Level::Avx512 {
+        Kernel::Wide
+    } else {
+        Kernel::Halves
+    }
 }
 
 impl PackedBf16 {
@@ -57,8 +89,12 @@ impl PackedBf16 {
     /// `out[m, n] = x[m, k] · wᵀ` in f32. Call only when `available()`; panics if the slices
     /// are shorter than the shapes.
     pub fn matmul(&self, x: &[bf16], m: usize, out: &mut [f32]) {
+        self.matmul_with(kernel(), x, m, out)
+    }
+
+    fn matmul_with(&self, kernel: Kernel, x: &[bf16], m: usize, out: &mut [f32]) {
         let panels = &self.0;
-        product(panels.n, panels.k, x, m, out, |p, f| f(panels.panel(p)), Some(|p: usize| [panels.panel(p), panels.panel(p + 1)]))
+        product(kernel, panels.n, panels.k, x, m, out, |p, f| f(panels.panel(p)), Some(|p: usize| [panels.panel(p), panels.panel(p + 1)]))
     }
 }
 
@@ -67,7 +103,7 @@ impl PackedBf16 {
 /// `fp32::matmul_rows`). Panels go one at a time (a pair kernel gives the same bits).
 pub fn matmul_rows<'a>(n: usize, k: usize, row: impl Fn(usize) -> &'a [bf16] + Sync, x: &[bf16], m: usize, out: &mut [f32]) {
     let staged = super::panels::Staged::new(k.div_ceil(2), |p, l: &mut [Line]| stage(n, &row, p, l));
-    product(n, k, x, m, out, |p, f| staged.with(p, f), None::<fn(usize) -> [&'static [Line]; 2]>)
+    product(kernel(), n, k, x, m, out, |p, f| staged.with(p, f), None::<fn(usize) -> [&'static [Line]; 2]>)
 }
 
 /// Panel `p` of the rows, every byte of its lines: a lane holds a pair of values, the first in
@@ -87,12 +123,15 @@ fn stage<'a>(n: usize, row: &impl Fn(usize) -> &'a [bf16], p: usize, l: &mut [Li
 
 /// The product over panels that `panel(p, f)` hands to `f`; `pair(p)`, where given, holds
 /// panels `p` and `p + 1` for the two-panel AVX-512 pass.
-fn product<'w>(n: usize, k: usize, x: &[bf16], m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[Line])) + Sync, pair: Option<impl Fn(usize) -> [&'w [Line]; 2] + Sync>) {
+fn product<'w>(kernel: Kernel, n: usize, k: usize, x: &[bf16], m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[Line])) + Sync, pair: Option<impl Fn(usize) -> [&'w [Line]; 2] + Sync>) {
     assert!(available(), "PackedBf16::matmul needs AVX-512 BF16 or AVX2 + FMA");
+    let level = super::level();
+    assert!(kernel != Kernel::Dots || avx512(), "bf16 product: vdpbf16ps without AVX-512 BF16");
+    assert!(kernel != Kernel::Wide || level == super::Level::Avx512, "bf16 product: 512-bit kernel below the AVX-512 level");
     let pairs = k.div_ceil(2);
     assert!(x.len() >= m * k && out.len() >= m * n, "PackedBf16::matmul: slices shorter than [{m},{k}]·[{n},{k}]ᵀ");
-    if !avx512() {
-        return product_fma(n, k, x, m, out, panel);
+    if kernel != Kernel::Dots {
+        return product_fma(n, k, x, m, out, panel, kernel == Kernel::Wide);
     }
     // Activation pairs as the 32-bit values the kernel broadcasts.
     let mut xp = vec![0u32; m * pairs];
@@ -106,8 +145,8 @@ fn product<'w>(n: usize, k: usize, x: &[bf16], m: usize, out: &mut [f32], panel:
         let x = &xp[g * pairs..(g + mg) * pairs];
         panel(p, &mut |lines| {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `available()` checked avx512f and avx512bf16; the panel holds `pairs`
-            // lines and the activations `mg` rows of `pairs` from `g`.
+            // SAFETY: `Kernel::Dots` is taken only with avx512f and avx512bf16 (`avx512()`); the
+            // panel holds `pairs` lines and the activations `mg` rows of `pairs` from `g`.
             unsafe {
                 dp::panel(lines, x, pairs, mg, res)
             };
@@ -131,9 +170,10 @@ fn product<'w>(n: usize, k: usize, x: &[bf16], m: usize, out: &mut [f32], panel:
     super::panels::run_pairs(n, m, out, one, two.filter(|_| m >= PAIR_ROWS));
 }
 
-/// `product` with AVX2 + FMA: the activations widened to f32 once (rows of `2 · pairs`, a zero
-/// after an odd `k`), each panel taken up to three activation rows at a time.
-fn product_fma(n: usize, k: usize, x: &[bf16], m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[Line])) + Sync) {
+/// `product` with FMAs: the activations widened to f32 once (rows of `2 · pairs`, a zero after
+/// an odd `k`), each line widened in registers; 512-bit at the AVX-512 level, 256-bit halves
+/// below it (same bits).
+fn product_fma(n: usize, k: usize, x: &[bf16], m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[Line])) + Sync, wide: bool) {
     let stride = 2 * k.div_ceil(2);
     let mut xf = vec![0f32; m * stride];
     for (row, xs) in xf.chunks_exact_mut(stride).zip(x.chunks_exact(k)) {
@@ -145,13 +185,18 @@ fn product_fma(n: usize, k: usize, x: &[bf16], m: usize, out: &mut [f32], panel:
         let x = &xf[g * stride..(g + mg) * stride];
         panel(p, &mut |lines| {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `available()` without `avx512()` means Level::Avx2 or above (avx2 and fma
-            // detected); the panel holds `pairs` lines and `x` rows `g..g + mg` of `stride`.
+            // SAFETY: `available()` means Level::Avx2 or above (avx2 and fma detected);
+            // `Kernel::Wide` is taken only at the AVX-512 level (avx512f); the panel holds `pairs` lines and `x` rows
+            // `g..g + mg` of `stride`.
             unsafe {
-                fma::panel(lines, x, stride, mg, res)
+                if wide {
+                    fma512::panel(lines, x, stride, mg, res)
+                } else {
+                    fma::panel(lines, x, stride, mg, res)
+                }
             };
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (lines, x, &res);
+            let _ = (lines, x, wide, &res);
         });
     });
 }
@@ -229,6 +274,58 @@ mod fma {
             for (h, a) in a.iter().enumerate() {
                 _mm256_storeu_ps(res.as_mut_ptr().add(r * PANEL + 8 * h), _mm256_add_ps(a[0], a[1]));
             }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod fma512 {
+    use super::super::panels::{Line, PANEL, PASS_ROWS};
+    use super::dp::PREFETCH;
+    use std::arch::x86_64::*;
+
+    /// One panel against `mg` activation rows of `stride` f32 values: `res[r * 16 + lane]`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn panel(lines: &[Line], x: &[f32], stride: usize, mg: usize, res: &mut [f32]) {
+        for r in (0..mg).step_by(PASS_ROWS) {
+            let (x, out) = (&x[r * stride..], &mut res[r * PANEL..]);
+            match mg - r {
+                1 => rows::<1>(lines, x, stride, out),
+                2 => rows::<2>(lines, x, stride, out),
+                3 => rows::<3>(lines, x, stride, out),
+                4 => rows::<4>(lines, x, stride, out),
+                5 => rows::<5>(lines, x, stride, out),
+                6 => rows::<6>(lines, x, stride, out),
+                7 => rows::<7>(lines, x, stride, out),
+                _ => rows::<PASS_ROWS>(lines, x, stride, out),
+            }
+        }
+    }
+
+    /// `M` activation rows against one panel: per row one accumulator for the lines' low
+    /// values and one for their high values, added at the end, lane for lane the operations of
+    /// `fma::rows` (so the AVX2 level gives the same bits). Eight rows' sixteen accumulators
+    /// fit AVX-512's 32 registers beside the widened line, and each widening serves them all.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows<const M: usize>(lines: &[Line], x: &[f32], stride: usize, res: &mut [f32]) {
+        let l = lines.as_ptr() as *const __m512i;
+        let xp = x.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); 2]; M];
+        let mask = _mm512_set1_epi32(0xffff_0000u32 as i32);
+        for i in 0..lines.len() {
+            if M == 1 {
+                _mm_prefetch::<_MM_HINT_T0>(l.wrapping_add(i + PREFETCH) as *const i8);
+            }
+            let v = _mm512_load_si512(l.add(i));
+            let (lo, hi) = (_mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)), _mm512_castsi512_ps(_mm512_and_si512(v, mask)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let x = xp.add(r * stride + 2 * i);
+                a[0] = _mm512_fmadd_ps(lo, _mm512_set1_ps(*x), a[0]);
+                a[1] = _mm512_fmadd_ps(hi, _mm512_set1_ps(*x.add(1)), a[1]);
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(res.as_mut_ptr().add(r * PANEL), _mm512_add_ps(a[0], a[1]));
         }
     }
 }
@@ -337,8 +434,15 @@ mod tests {
     use crate::cpu::testing::assert_close;
     use candle_core::DType;
 
-    /// Against f32 products of the same bf16 values: odd row lengths, rows that are not whole
-    /// panels, one to many passes of activation rows.
+    /// Every kernel this machine can run at the dispatch level, whichever `kernel()` picks
+    /// here (so an Intel machine still tests `dp`, an AMD one `fma512`).
+    fn kernels() -> Vec<Kernel> {
+        let wide = crate::cpu::level() == crate::cpu::Level::Avx512;
+        [(Kernel::Dots, avx512()), (Kernel::Wide, wide), (Kernel::Halves, available())].into_iter().filter(|k| k.1).map(|k| k.0).collect()
+    }
+
+    /// Against f32 products of the same bf16 values, each kernel: odd row lengths, rows that
+    /// are not whole panels, one to many passes of activation rows.
     #[test]
     fn matches_f32_products_of_the_bf16_values() -> candle_core::Result<()> {
         if !available() {
@@ -350,9 +454,31 @@ mod tests {
             let w = crate::testing::randn(114, (n, k), 1.)?.to_dtype(DType::BF16)?;
             let want = x.to_dtype(DType::F32)?.matmul(&w.to_dtype(DType::F32)?.t()?)?.to_vec2::<f32>()?;
             let packed = PackedBf16::pack(&w.flatten_all()?.to_vec1::<bf16>()?, n, k);
-            let mut got = vec![0f32; m * n];
-            packed.matmul(&x.flatten_all()?.to_vec1::<bf16>()?, m, &mut got);
-            assert_close(&want, &got, 1e-5, &format!("{m}x{k}x{n}"));
+            for kernel in kernels() {
+                let mut got = vec![0f32; m * n];
+                packed.matmul_with(kernel, &x.flatten_all()?.to_vec1::<bf16>()?, m, &mut got);
+                assert_close(&want, &got, 1e-5, &format!("{kernel:?} {m}x{k}x{n}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The 512-bit widening kernel gives the AVX2 kernel's bits (an odd row length, a last
+    /// panel not whole, one to many passes), so an AVX-512 Intel machine at either level and
+    /// an AVX2-only one compute the same logits.
+    #[test]
+    fn widened_lines_give_the_halves_bits() -> candle_core::Result<()> {
+        if crate::cpu::level() != crate::cpu::Level::Avx512 {
+            return Ok(());
+        }
+        let (k, n) = (301, 45);
+        let packed = PackedBf16::pack(&crate::testing::randn(66, (n, k), 1.)?.to_dtype(DType::BF16)?.flatten_all()?.to_vec1::<bf16>()?, n, k);
+        for m in [1, 3, 8, 19] {
+            let x = crate::testing::randn(67 + m as u64, (m, k), 1.)?.to_dtype(DType::BF16)?.flatten_all()?.to_vec1::<bf16>()?;
+            let (mut wide, mut halves) = (vec![0f32; m * n], vec![0f32; m * n]);
+            packed.matmul_with(Kernel::Wide, &x, m, &mut wide);
+            packed.matmul_with(Kernel::Halves, &x, m, &mut halves);
+            assert_eq!(wide, halves, "{m} rows");
         }
         Ok(())
     }
@@ -367,12 +493,14 @@ mod tests {
         let (k, n) = (202, 70);
         let x = crate::testing::randn(62, (11, k), 1.)?.to_dtype(DType::BF16)?.flatten_all()?.to_vec1::<bf16>()?;
         let packed = PackedBf16::pack(&crate::testing::randn(63, (n, k), 1.)?.to_dtype(DType::BF16)?.flatten_all()?.to_vec1::<bf16>()?, n, k);
-        let mut all = vec![0f32; 11 * n];
-        packed.matmul(&x, 11, &mut all);
-        for m in [1, 2, 5, 7] {
-            let mut got = vec![0f32; m * n];
-            packed.matmul(&x[..m * k], m, &mut got);
-            assert_eq!(got, all[..m * n], "first {m} rows alone vs among 11");
+        for kernel in kernels() {
+            let mut all = vec![0f32; 11 * n];
+            packed.matmul_with(kernel, &x, 11, &mut all);
+            for m in [1, 2, 5, 7] {
+                let mut got = vec![0f32; m * n];
+                packed.matmul_with(kernel, &x[..m * k], m, &mut got);
+                assert_eq!(got, all[..m * n], "{kernel:?}: first {m} rows alone vs among 11");
+            }
         }
         Ok(())
     }

@@ -123,6 +123,19 @@ pub fn level() -> Level {
     })
 }
 
+/// Whether the CPU is Intel's (CPUID's vendor string): a kernel whose best instruction differs
+/// by vendor at the same level chooses by this, so its bits never depend on a timing.
+pub(crate) fn intel() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Leaf 0 (the vendor string) exists on every x86-64 CPU.
+        let id = std::arch::x86_64::__cpuid(0);
+        [id.ebx, id.edx, id.ecx] == [u32::from_le_bytes(*b"Genu"), u32::from_le_bytes(*b"ineI"), u32::from_le_bytes(*b"ntel")]
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 static FORCE_GENERIC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// `MERG_CPU_KERNELS=generic`: run on the CPU the path a GPU runs, so it is proven without one.

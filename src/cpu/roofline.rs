@@ -20,8 +20,8 @@ pub struct Roofline {
     pub bandwidth_gbs: f64,
     /// f32 fused multiply-add peak, GFLOP/s.
     pub f32_gflops: f64,
-    /// bf16 dot-product peak (f32 accumulation), GFLOP/s; the f32 peak where the machine has
-    /// no bf16 dot instruction.
+    /// Peak of the instruction bf16 products take, GFLOP/s: `vdpbf16ps` (f32 accumulation)
+    /// where they take it (`bf16::dots`), else the f32 FMA peak (they widen to f32).
     pub bf16_gflops: f64,
 }
 
@@ -212,8 +212,8 @@ fn peak_gflops(bf16: bool) -> f64 {
 fn chains(iters: usize, bf16: bool, level: Level) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
-        if level == Level::Avx512 && bf16 && std::is_x86_feature_detected!("avx512bf16") {
-            // SAFETY: avx512f and avx512bf16 detected.
+        if bf16 && super::bf16::dots() {
+            // SAFETY: `dots()` means avx512f and avx512bf16 at the dispatch level.
             return unsafe { x86::dpbf16(iters) };
         }
         if level == Level::Avx512 {
