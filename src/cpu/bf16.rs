@@ -186,8 +186,8 @@ fn product_fma(n: usize, k: usize, x: &[bf16], m: usize, out: &mut [f32], panel:
         panel(p, &mut |lines| {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `available()` means Level::Avx2 or above (avx2 and fma detected);
-            // `Kernel::Wide` is taken only at the AVX-512 level (avx512f); the panel holds `pairs` lines and `x` rows
-            // `g..g + mg` of `stride`.
+            // `Kernel::Wide` is taken only at the AVX-512 level (avx512f); the panel holds
+            // `pairs` lines and `x` rows `g..g + mg` of `stride`.
             unsafe {
                 if wide {
                     fma512::panel(lines, x, stride, mg, res)
