@@ -123,6 +123,7 @@ fn stage<'a>(n: usize, row: &impl Fn(usize) -> &'a [bf16], p: usize, l: &mut [Li
 
 /// The product over panels that `panel(p, f)` hands to `f`; `pair(p)`, where given, holds
 /// panels `p` and `p + 1` for the two-panel AVX-512 pass.
+#[allow(clippy::too_many_arguments)]
 fn product<'w>(kernel: Kernel, n: usize, k: usize, x: &[bf16], m: usize, out: &mut [f32], panel: impl Fn(usize, &mut dyn FnMut(&[Line])) + Sync, pair: Option<impl Fn(usize) -> [&'w [Line]; 2] + Sync>) {
     assert!(available(), "PackedBf16::matmul needs AVX-512 BF16 or AVX2 + FMA");
     let level = super::level();
