@@ -124,16 +124,20 @@ pub fn level() -> Level {
 }
 
 /// Whether the CPU is Intel's (CPUID's vendor string): a kernel whose best instruction differs
-/// by vendor at the same level chooses by this, so its bits never depend on a timing.
+/// by vendor at the same level chooses by this, so its bits never depend on a timing. Read
+/// once: products ask on every call, and CPUID in a VM traps to the hypervisor.
 pub(crate) fn intel() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // Leaf 0 (the vendor string) exists on every x86-64 CPU.
-        let id = std::arch::x86_64::__cpuid(0);
-        [id.ebx, id.edx, id.ecx] == [u32::from_le_bytes(*b"Genu"), u32::from_le_bytes(*b"ineI"), u32::from_le_bytes(*b"ntel")]
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    static INTEL: OnceLock<bool> = OnceLock::new();
+    *INTEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // Leaf 0 (the vendor string) exists on every x86-64 CPU.
+            let id = std::arch::x86_64::__cpuid(0);
+            [id.ebx, id.edx, id.ecx] == [u32::from_le_bytes(*b"Genu"), u32::from_le_bytes(*b"ineI"), u32::from_le_bytes(*b"ntel")]
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
 }
 
 static FORCE_GENERIC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
