@@ -384,12 +384,17 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     // timed (`cpu::repack`), so the timed runs measure the steady state.
     let mut first_token_s = None;
     let mut repack_wait_s = 0.0;
+    // Resident once every weight is packed: what the loaded model holds from then on. (Right
+    // after loading, the repacking thread has just begun reading the file: a band of it may be
+    // resident, or not, depending on how far it got.)
+    let mut after_repack = None;
     let mut first_token = || {
         if first_token_s.is_none() {
             first_token_s = since_process_start();
             let t = Instant::now();
             merg::cpu::repack::wait();
             repack_wait_s = t.elapsed().as_secs_f64();
+            after_repack = merg::memory::resident();
         }
     };
     for _ in 0..a.warmup {
@@ -423,7 +428,7 @@ fn bench_one(a: &BenchArgs, dtype_override: Option<candle_core::DType>, quant: O
     let mid_context = (ids.len() + a.decode_tokens / 2) as f64;
     let batched = batched_runs(a, model.clone(), &config, &weights_name)?;
     // The peaks so far: the paired triad below holds 768 MiB of its own.
-    let memory = memory_facts(after_load, peak_load, memory.peak());
+    let memory = memory_facts(after_load, after_repack, peak_load, memory.peak());
     // As many steps again as the timed decode, or what the context window leaves; decode
     // goes on from where the timed steps stopped, in the same cache.
     let steps = a.decode_tokens.min(spec.max_context - 1 - ids.len() - a.decode_tokens);
@@ -538,23 +543,23 @@ fn batched_runs(a: &BenchArgs, model: std::sync::Arc<dyn merg::models::Model>, c
 }
 
 /// The process's peak resident memory so far (Linux VmHWM), for load-memory figures.
-/// Resident memory after loading and at its peaks (during the load; over the whole run), each
-/// split into anonymous and file-backed bytes; printed as one line (to stderr, with the weights
-/// line: stdout stays the speeds and the JSON).
-fn memory_facts(after_load: Option<merg::memory::Resident>, peak_load: merg::memory::Peak, peak: merg::memory::Peak) -> serde_json::Value {
+/// Resident memory after loading, once every weight is packed, and at its peaks (during the
+/// load; over the whole run), each split into anonymous and file-backed bytes; printed as one
+/// line (to stderr, with the weights line: stdout stays the speeds and the JSON).
+fn memory_facts(after_load: Option<merg::memory::Resident>, after_repack: Option<merg::memory::Resident>, peak_load: merg::memory::Peak, peak: merg::memory::Peak) -> serde_json::Value {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    if let Some(r) = after_load {
+    let at = |what: &str, r: Option<merg::memory::Resident>| r.map(|r| format!(", {:.0} MiB {what} ({:.0} + {:.0})", mib(r.total()), mib(r.anon_bytes), mib(r.file_bytes))).unwrap_or_default();
+    if after_load.is_some() {
         eprintln!(
-            "memory: peak {:.0} MiB ({:.0} anonymous + {:.0} file-backed at their peaks), {:.0} MiB after loading ({:.0} + {:.0})",
+            "memory: peak {:.0} MiB ({:.0} anonymous + {:.0} file-backed at their peaks){}{}",
             mib(peak.total_bytes),
             mib(peak.anon_bytes),
             mib(peak.file_bytes),
-            mib(r.total()),
-            mib(r.anon_bytes),
-            mib(r.file_bytes)
+            at("after loading", after_load),
+            at("once packed", after_repack)
         );
     }
-    serde_json::json!({ "after_load": after_load, "peak_during_load": peak_load, "peak": peak })
+    serde_json::json!({ "after_load": after_load, "after_repack": after_repack, "peak_during_load": peak_load, "peak": peak })
 }
 
 fn default_tokenizer() -> Option<PathBuf> {
