@@ -212,7 +212,8 @@ mod fma {
     /// Every row is summed the same way whatever shares its pass (its own accumulators, lines
     /// in order), so a row's product does not depend on its batch nor on how many rows a pass
     /// takes. Every row count runs here, prefill too: candle's f32 GEMM on the widened weight
-    /// ran nearer the f32 peak (94 % against these panels' 73 % at 256 rows), but it sums in
+    /// ran nearer the f32 peak (94 % against these panels' 73 % at 256 rows, while `rows`
+    /// spilled an accumulator; a Zen 3 VM since: panels 71-79 %, candle 74-76 %), but it sums in
     /// another order than decode, so a prefix computed in a longer chunk gave other K/V than
     /// the same prefix from the cache.
     #[target_feature(enable = "avx2,fma")]
@@ -231,15 +232,16 @@ mod fma {
         }
     }
 
-    /// Whether a pass takes three rows. Three rows' twelve accumulators, four widened weights
-    /// and the broadcasts do not fit the sixteen registers, so one accumulator lives on the
-    /// stack; two rows (eight) fit but their FMAs wait more on each other's latency. On an
-    /// AVX2-only Zen 3 class VM three rows ran at 73 % of the f32 peak and two at 63 %; on a
-    /// Zen 4 (AVX-512 hardware, this kernel forced by `MERG_CPU_KERNELS=avx2`) the spilled
-    /// accumulator's store-to-load chain set the pace (`perf annotate`: 30 % of the samples on
-    /// its FMA) and two rows prefilled a 3B-width BF16 file at 1.6× the rate of three (124-126
-    /// against 73-80 tok/s, alternating runs). So CPUs with AVX-512, the only ones measured
-    /// faster with two, take two; AVX2-only CPUs keep three.
+    /// Whether a pass takes three rows: twelve accumulators, which fit the sixteen registers
+    /// beside two widened weights and a broadcast because `rows` widens a line's low values
+    /// for every row before its high ones; two rows' eight FMA chains wait more on each
+    /// other's latency. Until `rows` did that, four widened weights were live and one of three
+    /// rows' accumulators lived on the stack: on a Zen 4 (AVX-512 hardware, this kernel forced
+    /// by `MERG_CPU_KERNELS=avx2`) that accumulator's store-to-load chain set the pace
+    /// (`perf annotate`: 30 % of the samples on its FMA) and two rows prefilled a 3B-width BF16
+    /// file at 1.6× the rate of three, so CPUs with AVX-512 took two. Without the spill, three
+    /// rows ran 1.7-1.85× the spilled three on a Zen 3 VM (256-row products of the 3B MLP
+    /// weights, same bits). CPUs with AVX-512 still take two until measured again there.
     fn three_rows() -> bool {
         !std::is_x86_feature_detected!("avx512f")
     }
@@ -256,17 +258,22 @@ mod fma {
             if M == 1 {
                 _mm_prefetch::<_MM_HINT_T0>(l.add(2 * (i + PREFETCH)) as *const i8);
             }
-            let w = |h: usize| {
-                let v = _mm256_load_si256(l.add(2 * i + h));
-                (_mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)), _mm256_castsi256_ps(_mm256_and_si256(v, mask)))
-            };
-            let ((lo0, hi0), (lo1, hi1)) = (w(0), w(1));
-            // Each row's two values are broadcast once for both halves.
+            let x = |r: usize| xp.add(r * stride + 2 * i);
+            // The low values of both halves against every row, then the high ones: only two
+            // widened weights are live at a time, so three rows' twelve accumulators stay in
+            // registers. The line is read again for the high values (from L1; a volatile read,
+            // so the compiler does not keep the raw line live instead).
+            let (e0, e1) = (_mm256_load_si256(l.add(2 * i)), _mm256_load_si256(l.add(2 * i + 1)));
+            let (lo0, lo1) = (_mm256_castsi256_ps(_mm256_slli_epi32::<16>(e0)), _mm256_castsi256_ps(_mm256_slli_epi32::<16>(e1)));
             for (r, a) in acc.iter_mut().enumerate() {
-                let x = xp.add(r * stride + 2 * i);
-                let (xe, xo) = (_mm256_broadcast_ss(&*x), _mm256_broadcast_ss(&*x.add(1)));
+                let xe = _mm256_broadcast_ss(&*x(r));
                 a[0][0] = _mm256_fmadd_ps(lo0, xe, a[0][0]);
                 a[1][0] = _mm256_fmadd_ps(lo1, xe, a[1][0]);
+            }
+            let (o0, o1) = (std::ptr::read_volatile(l.add(2 * i)), std::ptr::read_volatile(l.add(2 * i + 1)));
+            let (hi0, hi1) = (_mm256_castsi256_ps(_mm256_and_si256(o0, mask)), _mm256_castsi256_ps(_mm256_and_si256(o1, mask)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xo = _mm256_broadcast_ss(&*x(r).add(1));
                 a[0][1] = _mm256_fmadd_ps(hi0, xo, a[0][1]);
                 a[1][1] = _mm256_fmadd_ps(hi1, xo, a[1][1]);
             }
