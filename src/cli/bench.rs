@@ -542,7 +542,6 @@ fn batched_runs(a: &BenchArgs, model: std::sync::Arc<dyn merg::models::Model>, c
     Ok(out)
 }
 
-/// The process's peak resident memory so far (Linux VmHWM), for load-memory figures.
 /// Resident memory after loading, once every weight is packed, and at its peaks (during the
 /// load; over the whole run), each split into anonymous and file-backed bytes; printed as one
 /// line (to stderr, with the weights line: stdout stays the speeds and the JSON).
