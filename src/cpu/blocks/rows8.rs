@@ -12,14 +12,18 @@
 //!
 //! A group's block `b` is the file's eight blocks `b` of rows `8g..8g+8` regrouped, the same
 //! bytes: the eight `d` (f16), the eight `m` (the min formats Q4_1, Q5_1), the fifth bits
-//! (Q5_0, Q5_1), then the quants (Q8_0: each row's 32 bytes). The 4- and 5-bit formats hold
-//! the same byte column of the eight rows side by side, as `q4k8` does: step `i`'s 32 bytes
-//! are each row's bytes `4i..4i + 4` in its 32-bit lane, so one mask gives the eight rows'
-//! values `4i..4i + 4` and a shift and mask their values `16 + 4i..`, and one broadcast of four
-//! activation bytes serves all eight rows, whose sums land in their own lanes with no
-//! horizontal adds. (Rows paired in 128-bit lanes took three horizontal adds a block per
-//! activation row; on two Zen 5 cores this layout decodes a weight in cache at 1.16× (Q4_0)
-//! and 1.30× (Q5_0) that rate at the AVX-512 level, 1.08× and 1.11× at AVX2.) The fifth bits
+//! (Q5_0, Q5_1), then the quants. Every format holds the same byte column of the eight rows
+//! side by side, as `q4k8` does: step `i`'s 32 bytes are each row's bytes `4i..4i + 4` in its
+//! 32-bit lane (eight steps for Q8_0, four for the 4/5-bit formats, where one mask gives the
+//! eight rows' values `4i..4i + 4` and a shift and mask their values `16 + 4i..`), so one
+//! broadcast of four activation bytes serves all eight rows, whose sums land in their own
+//! lanes with no horizontal adds. (Rows paired in 128-bit lanes took three horizontal adds a
+//! block per activation row; on two Zen 5 cores this layout decodes a weight in cache at
+//! 1.16× (Q4_0) and 1.30× (Q5_0) that rate at the AVX-512 level, 1.08× and 1.11× at AVX2.
+//! Q8_0 with each row's 32 bytes a vector took six `vphaddd` and two permutes a block per
+//! activation row, and its eight vectors and their absolute values spilled: the lanes ran
+//! 256-row products of a [11008, 2048] weight at 1.6-1.7× its rate on a 2-core Zen 3, and
+//! decode at 1.05×.) The fifth bits
 //! of the block's 8 × 32 values fill 32 bytes, bit `s` of byte `4r + j` under byte `4r + j`
 //! of vector `s` (step `s / 2`'s low vector for even `s`, high for odd), so one load and a
 //! 16-bit shift per vector put every byte's bit at bit 4, where an AND and an OR (one
@@ -79,11 +83,7 @@ pub fn pack_group(f: Format, blocks: &[u8], n: usize, nb: usize, g: usize, out: 
             if let Some(at) = fm {
                 dst[p.m + 2 * r..p.m + 2 * r + 2].copy_from_slice(&src[at..at + 2]);
             }
-            if f == Format::Q8_0 {
-                dst[p.qs + 32 * r..][..32].copy_from_slice(&src[fqs..fqs + 32]);
-                continue;
-            }
-            for i in 0..4 {
+            for i in 0..steps(f) {
                 dst[p.qs + 32 * i + 4 * r..][..4].copy_from_slice(&src[fqs + 4 * i..][..4]);
             }
             if let Some(at) = fqh {
@@ -93,6 +93,15 @@ pub fn pack_group(f: Format, blocks: &[u8], n: usize, nb: usize, g: usize, out: 
                 }
             }
         }
+    }
+}
+
+/// Steps of 32 bytes in a group's block: each row's bytes `4i..4i + 4` in its lane.
+const fn steps(f: Format) -> usize {
+    if matches!(f, Format::Q8_0) {
+        8
+    } else {
+        4
     }
 }
 
@@ -191,7 +200,7 @@ pub fn panel(f: Format, w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f
 #[allow(clippy::needless_range_loop)] // `r` and `l` index several arrays at once
 mod avx2 {
     use super::super::act::Q8;
-    use super::super::simd::avx2::{four, nibbles, prefetch, reduce32};
+    use super::super::simd::avx2::{four, nibbles, prefetch};
     use super::super::Format;
     use super::{parts, ROWS};
     use std::arch::x86_64::*;
@@ -293,8 +302,12 @@ mod avx2 {
         }
     }
 
-    /// Q8_0: each row's signed bytes a vector, their signs moved onto the activations
-    /// (`vpmaddubsw` takes unsigned × signed).
+    /// Q8_0: step `i`'s vector holds each row's bytes `4i..4i + 4` in its lane, so one
+    /// broadcast of four activation bytes serves the eight rows and their sums land in their
+    /// own lanes. `vpmaddubsw` takes unsigned × signed, so the weights' signs move onto the
+    /// activations; |w| is taken once per step for every activation row of the pass. Each
+    /// step's pair sums (at most 2 · 128 · 127) are widened at once: two would overflow 16
+    /// bits. The integer sums are exact, so the bits are those of a row-at-a-time dot.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn rows_q8<const R: usize>(w: *const u8, nb: usize, a: &Q8, r0: usize, out: &mut [f32], stride: usize) {
         let (gb, qs) = (ROWS * Format::Q8_0.bytes(), parts(Format::Q8_0).qs);
@@ -303,21 +316,19 @@ mod avx2 {
         for b in 0..nb {
             let blk = w.add(b * gb);
             prefetch(blk, gb);
-            // Decoded once for every activation row of the pass.
-            let mut u = [_mm256_setzero_si256(); ROWS];
-            for l in 0..ROWS {
-                u[l] = _mm256_loadu_si256(blk.add(qs + 32 * l) as *const __m256i);
+            let mut sums = [_mm256_setzero_si256(); R];
+            for i in 0..8 {
+                let v = _mm256_loadu_si256(blk.add(qs + 32 * i) as *const __m256i);
+                let u = _mm256_sign_epi8(v, v);
+                for r in 0..R {
+                    let x = four(a.q.as_ptr().add(((r0 + r) * nb + b) * 32 + 4 * i));
+                    sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(x, v)), ones));
+                }
             }
-            let au = u.map(|v| _mm256_sign_epi8(v, v));
             let d = _mm256_cvtph_ps(_mm_loadu_si128(blk as *const __m128i));
             for r in 0..R {
                 let at = (r0 + r) * nb + b;
-                let x = _mm256_loadu_si256(a.q.as_ptr().add(at * 32) as *const __m256i);
-                let mut p = [_mm256_setzero_si256(); ROWS];
-                for l in 0..ROWS {
-                    p[l] = _mm256_madd_epi16(_mm256_maddubs_epi16(au[l], _mm256_sign_epi8(x, u[l])), ones);
-                }
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce32(&p)), _mm256_mul_ps(d, _mm256_set1_ps(*a.d.get_unchecked(at))), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(*a.d.get_unchecked(at))), acc[r]);
             }
         }
         for r in 0..R {

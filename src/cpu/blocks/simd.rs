@@ -1,28 +1,10 @@
-//! AVX2 pieces the block kernels share (`rows8`, `q4k8`, `q6k8`): horizontal reductions of
-//! eight vectors, the four-byte activation broadcast and the weight stream's prefetch schedule
-//! (which `cpu::q4_k`'s panels use too); and the loads of the 512-bit passes over a panel's
-//! two interleaved groups (`rows8`).
+//! AVX2 pieces the block kernels share (`rows8`, `q4k8`, `q6k8`): the four-byte activation
+//! broadcast and the weight stream's prefetch schedule (which `cpu::q4_k`'s panels use too);
+//! and the loads of the 512-bit passes over a panel's two interleaved groups (`rows8`).
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
-
-    /// The eight i32 vectors' totals, vector `r`'s in lane `r`.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn reduce32(p: &[__m256i; 8]) -> __m256i {
-        let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-        let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-        halves(q0, q1)
-    }
-
-    /// `q0` holds vectors 0–3's low-half sums in its low lane and their high-half sums in its
-    /// high lane, `q1` vectors 4–7's: the eight totals.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn halves(q0: __m256i, q1: __m256i) -> __m256i {
-        _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(q0, q1), _mm256_permute2x128_si256::<0x31>(q0, q1))
-    }
 
     /// How far ahead of the block being dotted the weight stream is prefetched, in bytes. At
     /// 4 KiB, on a Zen 5 VM whose host gave a ~66-71 GB/s triad, the AVX2 groups streamed a
