@@ -431,6 +431,27 @@ mod tests {
         }
     }
 
+    /// Q8_0 bytes of −128 (a file may hold them; ggml's quantizer stops at −127) against
+    /// activations of ±127 (scale 1, so every number is an exact integer): each step's pair
+    /// sums reach 2 · 128 · 127 = 32 512, so they must be widened step by step (two steps
+    /// wrap 16 bits) and |−128| must read as 128. Each row's product is exactly ∓128 · 127 · k.
+    #[test]
+    fn q8_0_extremes_do_not_wrap() {
+        if !super::super::available() {
+            return;
+        }
+        let (n, k) = (8, 512);
+        let mut block = [0x80u8; 34];
+        block[..2].copy_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
+        let blocks: Vec<u8> = (0..n * k / 32).flat_map(|_| block).collect();
+        let w = super::super::PackedBlocks::pack(Format::Q8_0, &blocks, n, k).expect("whole blocks");
+        let x: Vec<f32> = (0..2 * k).map(|i| if i < k { 127.0 } else { -127.0 }).collect();
+        let mut out = vec![0f32; 2 * n];
+        w.matmul(&x, 2, &mut out);
+        let want: Vec<f32> = (0..2 * n).map(|i| if i < n { -128.0 * 127.0 * k as f32 } else { 128.0 * 127.0 * k as f32 }).collect();
+        assert_eq!(out, want);
+    }
+
     /// The 512-bit pass over an interleaved panel gives each of its two groups the bits of the
     /// AVX2 eight-row kernel (`vpdpbusd`'s exact sums equal `vpmaddubsw` + `vpmaddwd`'s, the
     /// fifth bits set by `vpternlogd` the AND and OR's), so a file gives the same numbers at
