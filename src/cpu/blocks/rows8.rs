@@ -73,6 +73,17 @@ pub fn group_bytes(f: Format, k: usize) -> usize {
 /// Group `g` of the file's rows (`nb` blocks each; rows `>= n` left as the zeros `out` holds)
 /// written into `out` (`group_bytes`, zeros).
 pub fn pack_group(f: Format, blocks: &[u8], n: usize, nb: usize, g: usize, out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if f == Format::Q8_0 && n - g * ROWS >= ROWS && std::is_x86_feature_detected!("avx2") {
+        let row_bytes = nb * f.bytes();
+        // SAFETY: AVX2 checked just above.
+        return unsafe { avx2::pack_q8(&blocks[g * ROWS * row_bytes..][..ROWS * row_bytes], nb, out) };
+    }
+    pack_rows(f, blocks, n, nb, g, out)
+}
+
+/// `pack_group` a row and a block at a time, every format.
+fn pack_rows(f: Format, blocks: &[u8], n: usize, nb: usize, g: usize, out: &mut [u8]) {
     let (fb, p, (fm, fqh, fqs)) = (f.bytes(), parts(f), file_parts(f));
     let row_bytes = nb * fb;
     for r in 0..ROWS.min(n - g * ROWS) {
@@ -204,6 +215,42 @@ mod avx2 {
     use super::super::Format;
     use super::{parts, ROWS};
     use std::arch::x86_64::*;
+
+    /// Eight whole rows of Q8_0 (`rows`, `nb` file blocks each) into a group (`out`) as
+    /// `pack_rows` writes it: each block's eight `d`, then the rows' quants as an 8 × 8
+    /// transpose of 32-bit words (row `r`'s word `i` to step `i`'s lane `r`). Copied four
+    /// bytes at a time, Q8_0 packed at ~0.67× the rate of the file layout's whole-block copies
+    /// (10 against 15 GB/s on a Zen 3 core) and held up a Q8_0 file's first token, whose
+    /// panels are staged from the file while the repacking runs; this runs at ~12.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn pack_q8(rows: &[u8], nb: usize, out: &mut [u8]) {
+        let (fb, gb, qs) = (Format::Q8_0.bytes(), ROWS * Format::Q8_0.bytes(), parts(Format::Q8_0).qs);
+        assert!(rows.len() >= ROWS * nb * fb && out.len() >= nb * gb, "rows8::pack_q8: slices shorter than the shapes");
+        for b in 0..nb {
+            let dst = out.as_mut_ptr().add(b * gb);
+            let src = |r: usize| rows.as_ptr().add(r * nb * fb + b * fb);
+            for r in 0..ROWS {
+                std::ptr::copy_nonoverlapping(src(r), dst.add(2 * r), 2);
+            }
+            let v: [__m256i; ROWS] = std::array::from_fn(|r| _mm256_loadu_si256(src(r).add(2) as *const __m256i));
+            // Pairs of rows interleaved by words, then by word pairs: `u[j]` holds word `j`
+            // of rows 0-3 in its low half and word `j + 4` in its high half, `u[4 + j]` rows
+            // 4-7's.
+            let t: [__m256i; ROWS] = std::array::from_fn(|i| {
+                let (a, c) = (v[2 * (i / 2)], v[2 * (i / 2) + 1]);
+                if i % 2 == 0 { _mm256_unpacklo_epi32(a, c) } else { _mm256_unpackhi_epi32(a, c) }
+            });
+            let u: [__m256i; ROWS] = std::array::from_fn(|i| {
+                let (h, j) = (i / 4, i % 4);
+                let (a, c) = (t[4 * h + j / 2], t[4 * h + j / 2 + 2]);
+                if j % 2 == 0 { _mm256_unpacklo_epi64(a, c) } else { _mm256_unpackhi_epi64(a, c) }
+            });
+            for j in 0..4 {
+                _mm256_storeu_si256(dst.add(qs + 32 * j) as *mut __m256i, _mm256_permute2x128_si256::<0x20>(u[j], u[4 + j]));
+                _mm256_storeu_si256(dst.add(qs + 32 * (4 + j)) as *mut __m256i, _mm256_permute2x128_si256::<0x31>(u[j], u[4 + j]));
+            }
+        }
+    }
 
     /// The eight vectors of a 4/5-bit format's block at `blk`, unsigned (0..16, 0..32): step
     /// `i`'s low nibbles at `2i` (values `4i..4i + 4` of each row in its lane), its high ones at
@@ -427,6 +474,22 @@ mod tests {
             for j in 0..4 {
                 let want = (0..8).fold(0u8, |w, s| w | ((file >> (4 * (s / 2) + j + 16 * (s % 2))) as u8 & 1) << s);
                 assert_eq!(fifth_byte(file, j), want, "{file:#x}, byte {j}");
+            }
+        }
+    }
+
+    /// Q8_0's transposing pack writes the bytes of the row-by-row one, in a weight whose last
+    /// group is whole and in one whose last group is not (that group takes `pack_rows`).
+    #[test]
+    fn q8_0_packs_as_row_by_row() {
+        let nb = 5;
+        for n in [16usize, 13] {
+            let blocks: Vec<u8> = (0..n * nb * 34).map(|i| (i * 131 % 251) as u8).collect();
+            for g in 0..n.div_ceil(ROWS) {
+                let (mut got, mut want) = (vec![0u8; group_bytes(Format::Q8_0, 32 * nb)], vec![0u8; group_bytes(Format::Q8_0, 32 * nb)]);
+                pack_group(Format::Q8_0, &blocks, n, nb, g, &mut got);
+                pack_rows(Format::Q8_0, &blocks, n, nb, g, &mut want);
+                assert_eq!(got, want, "{n} rows, group {g}");
             }
         }
     }
