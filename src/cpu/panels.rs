@@ -143,7 +143,7 @@ pub fn transpose_words(rows: &[&[u8]], lines: &mut [Line]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use super::{Line, PANEL};
     use std::arch::x86_64::*;
 
@@ -168,9 +168,10 @@ mod avx2 {
         words
     }
 
-    /// Rows of eight 32-bit words to columns (bit patterns kept: shuffles only).
+    /// Rows of eight 32-bit words to columns (bit patterns kept: shuffles only); also packs
+    /// `blocks::rows8`'s Q8_0 groups.
     #[target_feature(enable = "avx2")]
-    unsafe fn transpose8(v: [__m256; 8]) -> [__m256; 8] {
+    pub(crate) unsafe fn transpose8(v: [__m256; 8]) -> [__m256; 8] {
         let t = [
             _mm256_unpacklo_ps(v[0], v[1]),
             _mm256_unpackhi_ps(v[0], v[1]),

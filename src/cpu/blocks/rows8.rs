@@ -218,7 +218,8 @@ mod avx2 {
 
     /// Eight whole rows of Q8_0 (`rows`, `nb` file blocks each) into a group (`out`) as
     /// `pack_rows` writes it: each block's eight `d`, then the rows' quants as an 8 × 8
-    /// transpose of 32-bit words (row `r`'s word `i` to step `i`'s lane `r`). Copied four
+    /// transpose of 32-bit words (row `r`'s word `i` to step `i`'s lane `r`; `panels`' f32
+    /// transpose, which only moves bits). Copied four
     /// bytes at a time, Q8_0 packed at ~0.67× the rate of the file layout's whole-block copies
     /// (10 against 15 GB/s on a Zen 3 core) and held up a Q8_0 file's first token, whose
     /// panels are staged from the file while the repacking runs; this runs at ~12.
@@ -232,22 +233,10 @@ mod avx2 {
             for r in 0..ROWS {
                 std::ptr::copy_nonoverlapping(src(r), dst.add(2 * r), 2);
             }
-            let v: [__m256i; ROWS] = std::array::from_fn(|r| _mm256_loadu_si256(src(r).add(2) as *const __m256i));
-            // Pairs of rows interleaved by words, then by word pairs: `u[j]` holds word `j`
-            // of rows 0-3 in its low half and word `j + 4` in its high half, `u[4 + j]` rows
-            // 4-7's.
-            let t: [__m256i; ROWS] = std::array::from_fn(|i| {
-                let (a, c) = (v[2 * (i / 2)], v[2 * (i / 2) + 1]);
-                if i % 2 == 0 { _mm256_unpacklo_epi32(a, c) } else { _mm256_unpackhi_epi32(a, c) }
-            });
-            let u: [__m256i; ROWS] = std::array::from_fn(|i| {
-                let (h, j) = (i / 4, i % 4);
-                let (a, c) = (t[4 * h + j / 2], t[4 * h + j / 2 + 2]);
-                if j % 2 == 0 { _mm256_unpacklo_epi64(a, c) } else { _mm256_unpackhi_epi64(a, c) }
-            });
-            for j in 0..4 {
-                _mm256_storeu_si256(dst.add(qs + 32 * j) as *mut __m256i, _mm256_permute2x128_si256::<0x20>(u[j], u[4 + j]));
-                _mm256_storeu_si256(dst.add(qs + 32 * (4 + j)) as *mut __m256i, _mm256_permute2x128_si256::<0x31>(u[j], u[4 + j]));
+            // The words as f32 lanes: the transpose only moves bits.
+            let v: [__m256; ROWS] = std::array::from_fn(|r| _mm256_loadu_ps(src(r).add(2) as *const f32));
+            for (i, line) in crate::cpu::panels::avx2::transpose8(v).into_iter().enumerate() {
+                _mm256_storeu_ps(dst.add(qs + 32 * i) as *mut f32, line);
             }
         }
     }
